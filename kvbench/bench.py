@@ -1,0 +1,194 @@
+"""The decode-bench job: warmed decode speed and memory per mode, context and
+batch, with ratios vs fp16 measured side by side in one process.
+
+Per cell: build the caches, build the context (a real chunked prefill, timed on
+its own, or random K/V for dummy models), decode `warmup` untimed tokens, then
+time `repeats` windows of `gen` tokens. On CUDA the timing uses device
+synchronisation around each window and the allocator's peak; on CPU, wall clock
+and the process' peak RSS (labelled).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from kvbench import prompts
+from kvbench.engine.generate import KVCap, decode_one_token, prefill
+from kvbench.engine.weights import fit_context
+from kvbench.results import BENCH_COLUMNS
+from kvbench.runtime import (
+    Progress,
+    is_oom,
+    measure_bandwidth,
+    one_line,
+    peak_bytes,
+    release,
+    reset_peak,
+    synchronize,
+)
+from kvbench.session import Session
+
+GB = 1e9
+
+
+class BenchJob:
+    def __init__(self, session: Session, progress: Progress) -> None:
+        self.s = session
+        self.cfg = session.cfg
+        self.p = progress
+        self.writer = session.writer("bench", BENCH_COLUMNS)
+        self.rows: list[dict] = []
+        self.bandwidth = None
+
+    def n_cells(self) -> int:
+        return len(self.s.contexts) * len(self.cfg.batch) * len(self.s.modes)
+
+    def fill_kind(self) -> str:
+        if self.cfg.fill != "auto":
+            return self.cfg.fill
+        return "random" if self.s.lm.synthetic and self.s.lm.tokenizer is None else "prefill"
+
+    def run(self) -> list[dict]:
+        self.p.log(f"measuring {self.s.device} copy bandwidth for the roofline ...")
+        self.bandwidth = measure_bandwidth(self.s.device)
+        for ctx in self.s.contexts:
+            rope_note = fit_context(self.s.lm, self.s.total_positions(ctx), self.cfg.yarn)
+            for batch in self.cfg.batch:
+                cell_rows = [self._cell(mode, ctx, batch, rope_note) for mode in self.s.modes]
+                base = next((r for r in cell_rows if r["kv_cache_mode"] == "fp16" and r["status"] == "ok"), None)
+                for r in cell_rows:
+                    if base and r["status"] == "ok":
+                        r["decode_ratio_vs_fp16"] = round(r["decode_tok_s"] / base["decode_tok_s"], 4)
+                        r["peak_delta_gb"] = round(r["peak_mem_gb"] - base["peak_mem_gb"], 4)
+                    self.writer.write(r)
+                    self.rows.append(r)
+        return self.rows
+
+    # ---------------------------------------------------------------------- cell
+    def _cell(self, mode: str, ctx: int, batch: int, rope_note: str) -> dict:
+        res = self.s.resolve(mode)
+        cfg = self.cfg
+        row = {
+            **self.s.base_row,
+            "context_tokens": ctx,
+            "gen_tokens": cfg.gen,
+            "kv_cache_mode": mode,
+            "effective_mode": res.effective,
+            "batch": batch,
+            "repeats": cfg.repeats,
+            "warmup": cfg.warmup,
+            "cuda_graphs": False,
+            "boundary_v": self.s.boundary_v(res.effective),
+            "max_kv_size": cfg.max_kv_size,
+            "keep": cfg.keep if cfg.max_kv_size else None,
+            "weight_bytes": self.s.lm.weight_bytes(),
+            "bandwidth_gbs": round(self.bandwidth / GB, 1),
+        }
+        notes = [n for n in (rope_note, res.note) if n]
+        if res.note:
+            self.p.log(f"[yellow]{res.note}[/yellow]")
+        try:
+            row.update(self._measure(res.effective, ctx, batch, notes))
+            row["status"] = "ok"
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            row["status"] = "oom" if is_oom(exc) else "error"
+            notes.append(one_line(exc))
+        finally:
+            release(self.s.device)
+        row["notes"] = "; ".join(notes)
+        self.p.cell_done()
+        return row
+
+    def _measure(self, mode: str, ctx: int, batch: int, notes: list[str]) -> dict:
+        cfg, s = self.cfg, self.s
+        model, dev = s.lm.model, s.device
+        label = f"{ctx} x{batch} {mode}"
+        total = s.total_positions(ctx)
+        reset_peak(dev)
+        caches = s.caches(mode, batch=batch, capacity=min(total, cfg.max_kv_size or total) + 1)
+        cap = KVCap(cfg.max_kv_size, cfg.keep) if cfg.max_kv_size else None
+        fill = self.fill_kind()
+        out: dict = {"prefill_source": fill}
+        self.p.step(f"{label}: {'prefill' if fill == 'prefill' else 'random K/V fill'}", ctx)
+        synchronize(dev)
+        t0 = time.perf_counter()
+        if fill == "prefill":
+            ids = self._prompt(ctx, batch)
+            logits = prefill(model, ids, caches, cfg.prefill_chunk, cap, on_chunk=self.p.advance_to)
+            synchronize(dev)
+            secs = time.perf_counter() - t0
+            out.update(prefill_ms=round(secs * 1e3, 2), prefill_tok_s=round(batch * ctx / secs, 1))
+            tok = logits.argmax(-1, keepdim=True)
+        else:
+            random_fill(caches, ctx, s.lm.args, dev, s.dtype)
+            notes.append("context filled with random K/V (no prefill; synthetic model)")
+            tok = torch.randint(3, s.lm.args.vocab_size, (batch, 1), device=dev)
+        kv_bytes = sum(c.nbytes() for c in caches)
+        out["kv_bytes"] = kv_bytes
+        out["kv_bytes_per_token"] = round(kv_bytes / (batch * caches[0].live), 1)
+
+        step = self._stepper(model, caches, cap)
+        self.p.step(f"{label}: warmup", cfg.warmup)
+        for i in range(cfg.warmup):
+            tok = step(tok)
+            self.p.advance_to(i + 1)
+        synchronize(dev)
+        speeds = []
+        self.p.step(f"{label}: decode x{cfg.repeats}", cfg.gen * cfg.repeats)
+        for r in range(cfg.repeats):
+            synchronize(dev)
+            t0 = time.perf_counter()
+            for _ in range(cfg.gen):
+                tok = step(tok)
+            synchronize(dev)
+            speeds.append(batch * cfg.gen / (time.perf_counter() - t0))
+            self.p.advance_to((r + 1) * cfg.gen)
+        med = statistics.median(speeds)
+        peak, kind = peak_bytes(dev)
+        step_s = batch / med
+        floor_s = (s.lm.weight_bytes() + kv_bytes) / self.bandwidth
+        notes.append(f"decode positions {ctx + cfg.warmup}..{caches[0].offset}")
+        out.update(
+            decode_tok_s=round(med, 3),
+            decode_tok_s_min=round(min(speeds), 3),
+            decode_tok_s_max=round(max(speeds), 3),
+            decode_ms=round(cfg.gen * step_s * 1e3, 3),
+            step_ms=round(step_s * 1e3, 4),
+            floor_ms=round(floor_s * 1e3, 4),
+            roofline_frac=round(floor_s / step_s, 4),
+            peak_mem_gb=round(peak / GB, 4),
+            peak_mem_kind=kind,
+        )
+        return out
+
+    def _prompt(self, ctx: int, batch: int) -> torch.Tensor:
+        lm = self.s.lm
+        if lm.tokenizer is None:
+            return prompts.synthetic_prompt(lm.args.vocab_size, ctx, batch).to(self.s.device)
+        ids = prompts.build_prompt(lm.tokenizer, ctx)
+        return ids.expand(batch, -1).contiguous().to(self.s.device)
+
+    def _stepper(self, model, caches, cap):
+        def step(tok):
+            return decode_one_token(model, tok, caches, cap).argmax(-1, keepdim=True)
+
+        return step
+
+
+@torch.inference_mode()
+def random_fill(caches: list, n_tokens: int, args, device, dtype, chunk: int = 2048, seed: int = 0) -> None:
+    """Append `n_tokens` of random K/V (roughly unit-scale, like post-RoPE keys)
+    through each mode's own store path, in chunks to bound the extra memory."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    b, h, d = caches[0].batch, args.n_kv_heads, args.head_dim
+    for start in range(0, n_tokens, chunk):
+        t = min(chunk, n_tokens - start)
+        for c in caches:
+            k = torch.randn((b, h, t, d), generator=g, device=device, dtype=torch.float32).to(dtype)
+            v = torch.randn((b, h, t, d), generator=g, device=device, dtype=torch.float32).to(dtype)
+            c.append(k, v)

@@ -1,0 +1,361 @@
+"""The command line: parse options, build a config, run a job.
+
+Every user-facing failure is one line on stderr and a non-zero exit; no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvbench import config as config_mod
+from kvbench.errors import KvbenchError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    help=(
+        "Audit and benchmark quantized KV caches.\n\n"
+        "  [bold]kvbench audit[/bold]          which modes run, and is their output still right?\n\n"
+        "  [bold]kvbench decode-bench[/bold]   what does each mode cost or buy in decode speed and memory?\n\n"
+        "  [bold]kvbench report[/bold]         results CSVs -> report.md with tables and plots\n\n"
+        "Comma lists sweep an axis (--modes fp16,int8 --contexts 2k,8k). With no --model the "
+        "embedded SmolLM2-135M-Instruct runs."
+    ),
+)
+
+# ----------------------------------------------------------------- shared options
+Model = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="Hugging Face folder, .gguf file, or dummy:<preset> (random weights: llama-3.1-8b, qwen2.5-7b, "
+        "smollm2-135m, tiny, ...). Default: the embedded SmolLM2-135M-Instruct.",
+        show_default=False,
+    ),
+]
+Modes = Annotated[
+    str | None,
+    typer.Option(
+        "--modes",
+        help="Comma list of KV modes or 'all' (fp16 always runs as the reference). [default: all]",
+        show_default=False,
+    ),
+]
+Contexts = Annotated[
+    str | None,
+    typer.Option(
+        "--contexts",
+        "-c",
+        help="Comma list of context lengths in tokens; 'k' = 1024 (2k,8k,32k). "
+        "[default: 2k,8k,32k on GPU; 2k,8k on CPU]",
+        show_default=False,
+    ),
+]
+Out = Annotated[
+    str | None,
+    typer.Option("--out", "-o", help="Results folder. [default: results/<date>-<device>]", show_default=False),
+]
+ConfigFile = Annotated[
+    str | None,
+    typer.Option(
+        "--config", help="TOML file describing the sweep; command-line options override it.", show_default=False
+    ),
+]
+Device = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or auto. [default: auto]", show_default=False)]
+Dtype = Annotated[
+    str | None, typer.Option(help="Compute dtype: auto (bfloat16), bfloat16, float16, float32.", show_default=False)
+]
+Kernel = Annotated[
+    str | None,
+    typer.Option(help="Attention path: auto (Triton on GPU, reference on CPU), triton, reference.", show_default=False),
+]
+PrefillChunk = Annotated[
+    int | None, typer.Option(help="Prefill chunk in tokens; 0 = one pass. [default: 2048]", show_default=False)
+]
+BoundaryV = Annotated[
+    int | None,
+    typer.Option(
+        help="Turbo modes: keep the first and last N layers at fp16 (0 disables). [default: 2]",
+        show_default=False,
+    ),
+]
+NoFallback = Annotated[
+    bool | None,
+    typer.Option(
+        "--no-fallback",
+        help="Run a mode even where its model-family allowlist says no (shows why it is not allowed).",
+        show_default=False,
+    ),
+]
+Plugin = Annotated[
+    list[str] | None,
+    typer.Option(help="Python file that registers extra KV modes (repeatable).", show_default=False),
+]
+MaxKv = Annotated[
+    int | None,
+    typer.Option(
+        help="Cap the live KV at N tokens: a rotating window that keeps --keep sink tokens.", show_default=False
+    ),
+]
+Keep = Annotated[int | None, typer.Option(help="Sink tokens kept by --max-kv-size. [default: 4]", show_default=False)]
+Yarn = Annotated[
+    str | None,
+    typer.Option(
+        help="RoPE past the trained context: auto (YaRN, smallest power-of-two factor), off, or a factor.",
+        show_default=False,
+    ),
+]
+Formats = Annotated[
+    str | None,
+    typer.Option("--format", help="Outputs beside the CSV: csv,json,md. [default: csv,json]", show_default=False),
+]
+Quiet = Annotated[bool | None, typer.Option("--quiet", "-q", help="No progress bars or tables.", show_default=False)]
+Resume = Annotated[
+    bool | None, typer.Option("--resume", help="Skip cells already in the results folder.", show_default=False)
+]
+Force = Annotated[
+    bool | None,
+    typer.Option("--force", help="With --resume: allow results from another version/model hash.", show_default=False),
+]
+
+
+def _common(**kw) -> dict:
+    out = dict(kw)
+    out["modes"] = config_mod.parse_list(kw.get("modes"))
+    out["contexts"] = config_mod.parse_int_list(kw.get("contexts"), "contexts")
+    out["formats"] = config_mod.parse_list(kw.pop("formats", None))
+    if out.get("plugin") == []:
+        out["plugin"] = None
+    return out
+
+
+def _fail(message: str, code: int = 2):
+    typer.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _console(quiet: bool):
+    from rich.console import Console
+
+    return Console(stderr=True, quiet=quiet)
+
+
+def _run(job: str, cfg) -> None:
+    from kvbench.runtime import Progress
+    from kvbench.session import Session
+
+    console = _console(cfg.quiet)
+    t0 = time.time()
+    session = Session.open(cfg, job, log=lambda m: console.print(m))
+    for note in session.notes:
+        console.print(f"[dim]{note}[/dim]")
+    if job == "audit":
+        from kvbench.audit import AuditJob as Job
+    else:
+        from kvbench.bench import BenchJob as Job
+    try:
+        with Progress(0, cfg.quiet, console) as progress:
+            runner = Job(session, progress)
+            if progress._p:
+                progress._p.update(progress._cells, total=runner.n_cells())
+            rows = runner.run()
+    except KeyboardInterrupt:
+        session.record_run(time.time() - t0)
+        console.print(
+            f"[red]interrupted[/red]: finished cells are saved in {session.out_dir}/; "
+            "run the same command with --resume to continue"
+        )
+        raise typer.Exit(130) from None
+    session.record_run(time.time() - t0)
+    if not cfg.quiet:
+        from kvbench.tables import print_rows
+
+        print_rows(job, rows, console)
+    console.print(f"wrote {session.out_dir}/ ({len(rows)} rows, {time.time() - t0:.0f} s)")
+
+
+# ----------------------------------------------------------------------- commands
+@app.command(no_args_is_help=False)
+def audit(
+    model: Model = None,
+    modes: Modes = None,
+    contexts: Contexts = None,
+    gen_tokens: Annotated[
+        int | None, typer.Option(help="Greedy tokens decoded per mode. [default: 64]", show_default=False)
+    ] = None,
+    out: Out = None,
+    config: ConfigFile = None,
+    ppl: Annotated[
+        bool | None, typer.Option("--ppl", help="Also measure perplexity over the bundled text.", show_default=False)
+    ] = None,
+    ppl_windows: Annotated[
+        int | None, typer.Option(help="Non-overlapping text windows for --ppl. [default: 2]", show_default=False)
+    ] = None,
+    ppl_chunk: Annotated[
+        int | None,
+        typer.Option(
+            help="Chunk size for --ppl (tokens see earlier chunks through the cache). [default: 256]",
+            show_default=False,
+        ),
+    ] = None,
+    question: Annotated[str | None, typer.Option(help="Question that ends the prompt.", show_default=False)] = None,
+    prompt_file: Annotated[
+        str | None, typer.Option(help="Use this text instead of the bundled novel.", show_default=False)
+    ] = None,
+    near_tie_margin: Annotated[
+        float | None,
+        typer.Option(
+            help="A divergence where fp16's top-2 logits differ by less is a near-tie. [default: 0.5]",
+            show_default=False,
+        ),
+    ] = None,
+    device: Device = None,
+    dtype: Dtype = None,
+    kernel: Kernel = None,
+    prefill_chunk: PrefillChunk = None,
+    boundary_v: BoundaryV = None,
+    no_fallback: NoFallback = None,
+    plugin: Plugin = None,
+    max_kv_size: MaxKv = None,
+    keep: Keep = None,
+    yarn: Yarn = None,
+    formats: Formats = None,
+    quiet: Quiet = None,
+) -> None:
+    """Does each mode run, and is its output still right? Greedy decode per mode vs fp16 on the same prompt.
+
+    For each context a prompt of exactly that many tokens (bundled novel + a question) is decoded
+    greedily by every mode; each is compared with fp16: identical or first divergent token, token
+    match, teacher-forced top-1 agreement and KL, and a degenerate-output check. Writes audit.csv.
+    """
+    cli = _common(**{k: v for k, v in locals().items() if k != "config"})
+    _run("audit", config_mod.build_config("audit", config, cli))
+
+
+@app.command("decode-bench", no_args_is_help=False)
+def decode_bench(
+    model: Model = None,
+    modes: Modes = None,
+    contexts: Contexts = None,
+    batch: Annotated[
+        str | None, typer.Option("--batch", "-b", help="Comma list of batch sizes. [default: 1]", show_default=False)
+    ] = None,
+    warmup: Annotated[
+        int | None,
+        typer.Option(help="Untimed decode tokens first (compilation, graphs). [default: 16]", show_default=False),
+    ] = None,
+    gen: Annotated[
+        int | None, typer.Option(help="Timed decode tokens per repeat. [default: 128]", show_default=False)
+    ] = None,
+    repeats: Annotated[
+        int | None, typer.Option(help="Timed repeats; the median is reported. [default: 3]", show_default=False)
+    ] = None,
+    fill: Annotated[
+        str | None,
+        typer.Option(
+            help="How the context is built: auto (random K/V for dummy models), prefill, random.", show_default=False
+        ),
+    ] = None,
+    out: Out = None,
+    config: ConfigFile = None,
+    device: Device = None,
+    dtype: Dtype = None,
+    kernel: Kernel = None,
+    prefill_chunk: PrefillChunk = None,
+    boundary_v: BoundaryV = None,
+    no_fallback: NoFallback = None,
+    plugin: Plugin = None,
+    max_kv_size: MaxKv = None,
+    keep: Keep = None,
+    yarn: Yarn = None,
+    formats: Formats = None,
+    quiet: Quiet = None,
+) -> None:
+    """What does each mode cost or buy? Warmed decode tok/s, peak memory and KV bytes per mode, context and batch.
+
+    Prefill is timed separately; decode is timed after --warmup tokens over --repeats windows of --gen
+    tokens. Ratios vs fp16 and the roofline fraction (against the copy bandwidth measured in the same
+    run) are computed within the run. Writes bench.csv.
+    """
+    cli = _common(**{k: v for k, v in locals().items() if k not in ("config", "batch")})
+    cli["batch"] = config_mod.parse_int_list(batch, "batch")
+    _run("decode-bench", config_mod.build_config("decode-bench", config, cli))
+
+
+@app.command(no_args_is_help=False)
+def report(
+    results_dirs: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Results folder(s) to merge. [default: the newest folder under results/]", show_default=False
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", "-o", help="Where to write report.md. [default: the first folder]", show_default=False),
+    ] = None,
+) -> None:
+    """Turn results CSVs into report.md: summary, status matrix, benchmark table, plots, recommendation."""
+    from kvbench.report import render_report
+
+    dirs = results_dirs or []
+    if not dirs:
+        candidates = sorted((p for p in Path("results").glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+        if not candidates:
+            raise KvbenchError("no results folder given and none under results/")
+        dirs = [candidates[-1]]
+    for d in dirs:
+        if not d.is_dir():
+            raise KvbenchError(f"results folder not found: {d}")
+        if not any(d.glob("*.csv")):
+            raise KvbenchError(f"no CSV files in {d}")
+    path = render_report(list(dirs), out)
+    typer.echo(f"wrote {path}")
+
+
+@app.command("modes")
+def list_modes() -> None:
+    """List the registered KV modes and their aliases."""
+    from kvbench.kv import registry
+
+    for name in registry.mode_names():
+        cls = registry.get(name)
+        alias = f" (aliases: {', '.join(cls.aliases)})" if cls.aliases else ""
+        typer.echo(f"{name:18s} {cls.summary}{alias}")
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning, module="torch")
+    try:
+        app(standalone_mode=False)
+    except KvbenchError as exc:
+        _fail(str(exc))
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(130)
+        raise
+
+
+if __name__ == "__main__":
+    main()

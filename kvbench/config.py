@@ -1,0 +1,197 @@
+"""Sweep descriptions: one dataclass per job, filled from a TOML file and the
+command line (the command line wins), validated before any work starts."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomllib
+
+from kvbench.errors import KvbenchError
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+KERNELS = ("auto", "triton", "reference")
+FILLS = ("auto", "prefill", "random")
+
+
+@dataclass
+class Common:
+    model: str | None = None
+    modes: list[str] = field(default_factory=lambda: ["all"])
+    contexts: list[int] | None = None  # None: the job's device-dependent default
+    out: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    kernel: str = "auto"
+    prefill_chunk: int = 2048
+    boundary_v: int | None = None
+    no_fallback: bool = False
+    plugin: list[str] = field(default_factory=list)
+    max_kv_size: int | None = None
+    keep: int = 4
+    yarn: str = "auto"
+    formats: list[str] = field(default_factory=lambda: ["csv", "json"])
+    quiet: bool = False
+    resume: bool = False
+    force: bool = False
+    devices: str | None = None
+
+
+@dataclass
+class AuditConfig(Common):
+    gen_tokens: int = 64
+    question: str | None = None
+    prompt_file: str | None = None
+    ppl: bool = False
+    ppl_windows: int = 2
+    ppl_chunk: int = 256
+    near_tie_margin: float = 0.5
+    niah: bool = False
+    niah_depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    prefix_reuse: bool = False
+    kv_caps: list[int] = field(default_factory=list)  # --max-kv-check: caps audited with keep and keep=0
+    compare_kernels: bool = False
+
+
+@dataclass
+class BenchConfig(Common):
+    batch: list[int] = field(default_factory=lambda: [1])
+    warmup: int = 16
+    gen: int = 128
+    repeats: int = 3
+    fill: str = "auto"
+    cuda_graphs: bool = True
+    capacity: bool = False
+    memory_budget_gb: float | None = None
+
+
+JOB_CONFIGS = {"audit": AuditConfig, "decode-bench": BenchConfig}
+
+
+def _check_type(name: str, value, typ: str, where: str):
+    base = typ.replace(" | None", "")
+    if value is None and "None" in typ:
+        return None
+    ok = {
+        "str": isinstance(value, str),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, int | float) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "list[str]": isinstance(value, list) and all(isinstance(v, str) for v in value),
+        "list[int]": isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+        "list[float]": isinstance(value, list) and all(isinstance(v, int | float) for v in value),
+    }.get(base)
+    if ok is None or not ok:
+        raise KvbenchError(f"{where}: key '{name}' must be {base}, got {type(value).__name__} {value!r}")
+    return float(value) if base == "float" else value
+
+
+def load_toml(path: str | Path, job: str) -> dict:
+    """Read `[common]` plus the job's table (`[audit]` or `[decode-bench]`) from a file."""
+    p = Path(path)
+    if not p.is_file():
+        raise KvbenchError(f"config file not found: {p}")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise KvbenchError(f"{p}: not valid TOML: {exc}") from exc
+    cls = JOB_CONFIGS[job]
+    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    known_tables = {"common", *JOB_CONFIGS}
+    out: dict = {}
+    for table, values in data.items():
+        if table not in known_tables:
+            raise KvbenchError(f"{p}: unknown table [{table}] (expected {', '.join(sorted(known_tables))})")
+        if not isinstance(values, dict):
+            raise KvbenchError(f"{p}: '{table}' must be a table")
+        if table not in ("common", job):
+            continue
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in types:
+                raise KvbenchError(f"{p}: unknown key '{key}' in [{table}] (known: {', '.join(sorted(types))})")
+            out[name] = _check_type(key, value, types[name], f"{p} [{table}]")
+    return out
+
+
+def build_config(job: str, config_file: str | None, cli: dict):
+    """File values, then command-line values that were given (not None) on top."""
+    values = load_toml(config_file, job) if config_file else {}
+    values.update({k: v for k, v in cli.items() if v is not None})
+    cfg = JOB_CONFIGS[job](**values)
+    validate(cfg, where=config_file or "command line")
+    return cfg
+
+
+def validate(cfg, where: str = "command line") -> None:
+    def bad(key, why):
+        raise KvbenchError(f"{where}: {key}: {why}")
+
+    if cfg.contexts is not None:
+        if not cfg.contexts:
+            bad("contexts", "needs at least one value")
+        for c in cfg.contexts:
+            if c <= 0:
+                bad("contexts", f"context must be a positive number of tokens, got {c}")
+    if cfg.dtype not in DTYPES:
+        bad("dtype", f"'{cfg.dtype}' is not one of {', '.join(DTYPES)}")
+    if cfg.kernel not in KERNELS:
+        bad("kernel", f"'{cfg.kernel}' is not one of {', '.join(KERNELS)}")
+    if cfg.prefill_chunk < 0:
+        bad("prefill-chunk", "must be >= 0 (0 = one pass)")
+    if cfg.boundary_v is not None and cfg.boundary_v < 0:
+        bad("boundary-v", "must be >= 0")
+    if cfg.max_kv_size is not None and cfg.max_kv_size <= cfg.keep:
+        bad("max-kv-size", f"must exceed --keep ({cfg.keep})")
+    if cfg.keep < 0:
+        bad("keep", "must be >= 0")
+    for f in cfg.formats:
+        if f not in ("csv", "json", "md"):
+            bad("format", f"'{f}' is not one of csv, json, md")
+    if isinstance(cfg, AuditConfig):
+        if cfg.gen_tokens < 2:
+            bad("gen-tokens", "must be at least 2")
+        if cfg.ppl_windows < 1 or cfg.ppl_chunk < 1:
+            bad("ppl-windows/ppl-chunk", "must be positive")
+        for d in cfg.niah_depths:
+            if not 0.0 <= d <= 1.0:
+                bad("niah-depths", f"depth {d} is outside [0, 1]")
+    if isinstance(cfg, BenchConfig):
+        if not cfg.batch or any(b <= 0 for b in cfg.batch):
+            bad("batch", "batch sizes must be positive")
+        if cfg.gen < 1 or cfg.repeats < 1 or cfg.warmup < 0:
+            bad("gen/repeats/warmup", "gen and repeats must be >= 1, warmup >= 0")
+        if cfg.fill not in FILLS:
+            bad("fill", f"'{cfg.fill}' is not one of {', '.join(FILLS)}")
+
+
+def parse_int_list(text: str | None, name: str) -> list[int] | None:
+    """'2048,8k,32K' -> [2048, 8192, 32768]; one-line errors for junk."""
+    if text is None:
+        return None
+    out = []
+    for part in text.split(","):
+        s = part.strip().lower()
+        if not s:
+            continue
+        mult = 1
+        if s.endswith("k"):
+            mult, s = 1024, s[:-1]
+        try:
+            value = int(float(s) * mult) if "." in s else int(s) * mult
+        except ValueError:
+            raise KvbenchError(f"--{name}: '{part.strip()}' is not a whole number") from None
+        if value <= 0:
+            raise KvbenchError(f"--{name}: values must be positive, got {value}")
+        out.append(value)
+    if not out:
+        raise KvbenchError(f"--{name}: give at least one value")
+    return out
+
+
+def parse_list(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    return [s.strip() for s in text.split(",") if s.strip()]

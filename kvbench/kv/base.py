@@ -1,0 +1,206 @@
+"""The KV-cache protocol every mode implements, and the bookkeeping they share.
+
+One `KVCache` object holds one layer's keys and values for a batch. A mode is a
+subclass that says how tokens are stored (`_allocate`, `_store`) and read back
+(`_load`); growth, front trimming with attention sinks, byte accounting and the
+reference attention live here, once, so no mode re-implements them.
+
+Shapes: K and V arrive as ``[B, H_kv, T, D]``; every storage buffer keeps the
+token axis at dim 2 (codes ``[B, H, T, D/2]``, scales ``[B, H, T, 1]``...), which
+is what lets trimming and growth treat all buffers alike.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from kvbench.errors import KvbenchError
+
+
+class KVCache:
+    """Base class: storage bookkeeping plus the reference (PyTorch) attention."""
+
+    #: canonical mode name, e.g. ``"int8"``
+    name: ClassVar[str] = ""
+    #: other spellings accepted on the command line
+    aliases: ClassVar[tuple[str, ...]] = ()
+    #: one line for ``--help`` and the report
+    summary: ClassVar[str] = ""
+    #: whether boundary-V protection (fp16 first/last layers) applies to this mode
+    boundary_v_applies: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        batch: int,
+        n_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        capacity: int = 0,
+        grow_step: int = 256,
+        layer_idx: int = 0,
+        kernel: str = "reference",
+    ) -> None:
+        self.batch = batch
+        self.n_kv_heads = n_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.grow_step = max(1, grow_step)
+        self.layer_idx = layer_idx
+        self.kernel = kernel
+        self.offset = 0  # absolute position of the next token (drives RoPE); only grows
+        self.dropped = 0  # tokens removed by front trims so far
+        self.capacity = 0
+        self.buffers: dict[str, torch.Tensor] = {}
+        self._check_shape()
+        if capacity:
+            self.reserve(capacity)
+
+    # ----------------------------------------------------------------- modes override
+    def _check_shape(self) -> None:
+        """Refuse head dims the mode cannot store (raise KvbenchError)."""
+
+    def _allocate(self, capacity: int) -> dict[str, torch.Tensor]:
+        """Fresh storage buffers for `capacity` tokens (token axis at dim 2)."""
+        raise NotImplementedError
+
+    def _store(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write T tokens into slots ``[start, start + T)``."""
+        raise NotImplementedError
+
+    def _load(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots ``[start, end)`` as K, V in the compute dtype (dequantized)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------- bookkeeping
+    @property
+    def live(self) -> int:
+        """Tokens actually stored (= offset - dropped)."""
+        return self.offset - self.dropped
+
+    def reserve(self, capacity: int) -> None:
+        """Make room for `capacity` tokens, keeping what is stored (never shrinks)."""
+        if capacity <= self.capacity:
+            return
+        fresh = self._allocate(capacity)
+        n = self.live
+        for key, buf in self.buffers.items():
+            if n:
+                fresh[key][:, :, :n] = buf[:, :, :n]
+        self.buffers = fresh
+        self.capacity = capacity
+
+    def _ensure(self, needed: int) -> None:
+        if needed > self.capacity:
+            steps = -(-needed // self.grow_step)
+            self.reserve(steps * self.grow_step)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store T new tokens after the live ones; `offset` advances by T."""
+        t = k.shape[2]
+        start = self.live
+        self._ensure(start + t)
+        self._store(start, k, v)
+        self.offset += t
+
+    def trim_front(self, n: int, keep: int = 0) -> int:
+        """Drop `n` tokens, keeping the first `keep` (attention sinks). Returns n dropped.
+
+        `offset` does not move, so RoPE positions of the survivors are unchanged.
+        """
+        live = self.live
+        n = max(0, min(n, live))
+        keep = max(0, min(keep, live - n))
+        if n == 0:
+            return 0
+        for buf in self.buffers.values():
+            tail = buf[:, :, keep + n : live].clone()
+            buf[:, :, keep : live - n] = tail
+        self.dropped += n
+        return n
+
+    # ----------------------------------------------------------------------- memory
+    def nbytes(self) -> int:
+        """Bytes the live tokens occupy in every buffer and sidecar."""
+        return sum(self._bytes_per_token_by_buffer().values()) * self.live
+
+    def capacity_nbytes(self) -> int:
+        """Bytes allocated (all buffers at capacity)."""
+        return sum(b.numel() * b.element_size() for b in self.buffers.values())
+
+    def bytes_per_token(self) -> float:
+        """Bytes one token (all heads, whole batch) costs in this layer."""
+        return float(sum(self._bytes_per_token_by_buffer().values()))
+
+    def _bytes_per_token_by_buffer(self) -> dict[str, int]:
+        if not self.buffers:
+            self.reserve(1)
+        out = {}
+        for key, b in self.buffers.items():
+            per_slot = b.numel() // max(1, b.shape[2])
+            out[key] = per_slot * b.element_size()
+        return out
+
+    # -------------------------------------------------------------------- attention
+    def dequantized(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All live tokens as full-precision K, V ``[B, H_kv, live, D]``."""
+        return self._load(0, self.live)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """Attention of `q` over the stored tokens plus the fresh chunk (`k`, `v`).
+
+        The fresh chunk is used at full precision and causally; stored tokens
+        are seen through the mode's storage. Call before `append(k, v)`.
+        q: ``[B, H_q, T, D]`` -> ``[B, H_q, T, D]``.
+        """
+        return self.reference_attend(q, k, v, scale)
+
+    def reference_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        if self.live:
+            pk, pv = self.dequantized()
+            k = torch.cat([pk.to(k.dtype), k], dim=2)
+            v = torch.cat([pv.to(v.dtype), v], dim=2)
+        return sdpa(q, k, v, scale)
+
+    # ----------------------------------------------------------- snapshots and reuse
+    def clone(self) -> KVCache:
+        """An independent copy (modes keep every tensor in `self.buffers`)."""
+        new = copy.copy(self)
+        new.buffers = {k: v.clone() for k, v in self.buffers.items()}
+        return new
+
+    def copy_from(self, other: KVCache, n_tokens: int | None = None) -> None:
+        """Adopt the first `n_tokens` stored tokens of a cache of the same mode."""
+        if type(other) is not type(self):
+            raise KvbenchError(f"cannot adopt a {other.name} cache into a {self.name} cache")
+        n = other.live if n_tokens is None else min(n_tokens, other.live)
+        if other.dropped and n < other.live:
+            raise KvbenchError("cannot share a partial prefix of a trimmed cache")
+        self._ensure(n)
+        for key, buf in other.buffers.items():
+            self.buffers[key][:, :, :n] = buf[:, :, :n]
+        self.dropped = other.dropped if n == other.live else 0
+        self.offset = self.dropped + n
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(layer={self.layer_idx}, live={self.live}, offset={self.offset}, "
+            f"capacity={self.capacity})"
+        )
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Scaled dot-product attention where the last T keys are the queries' own
+    chunk (causal, aligned bottom-right) and every earlier key is visible."""
+    t, s = q.shape[2], k.shape[2]
+    mask = None
+    if t > 1:
+        mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
+    gqa = q.shape[1] != k.shape[1]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)

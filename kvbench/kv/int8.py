@@ -1,0 +1,60 @@
+"""`int8`: per-token, per-head absmax quantization with an fp32 scale sidecar.
+
+scale = absmax / 127, except that an all-zero vector (scale exactly 0) uses 1.0.
+The seed engine's defect was `scale = max(scale, 1.0)`: real K/V absmax is far
+below 127, so that floor rounded every value to an integer and greedy decoding
+collapsed. A tiny nonzero scale stays tiny here. Scales are fp32 (4 bytes per
+token-head) so that no magnitude underflows: at D=128 a token-head costs
+128 + 4 bytes against 256 for fp16 (1.94x).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvbench.kv.base import KVCache
+from kvbench.kv.registry import register
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., D] -> (int8 codes [..., D], fp32 scale [..., 1])."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1, keepdim=True) / 127.0
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)  # zero guard only
+    q = torch.round(xf / scale).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (q.float() * scale).to(dtype)
+
+
+@register
+class Int8Cache(KVCache):
+    name = "int8"
+    aliases = ("i8",)
+    summary = "per-token absmax int8 K and V with an fp32 scale per token-head"
+
+    def _allocate(self, capacity):
+        b, h, d = self.batch, self.n_kv_heads, self.head_dim
+        dev = self.device
+        return {
+            "k": torch.empty((b, h, capacity, d), dtype=torch.int8, device=dev),
+            "k_scale": torch.empty((b, h, capacity, 1), dtype=torch.float32, device=dev),
+            "v": torch.empty((b, h, capacity, d), dtype=torch.int8, device=dev),
+            "v_scale": torch.empty((b, h, capacity, 1), dtype=torch.float32, device=dev),
+        }
+
+    def _store(self, start, k, v):
+        t = k.shape[2]
+        sl = slice(start, start + t)
+        for name, x in (("k", k), ("v", v)):
+            q, s = quantize_int8(x)
+            self.buffers[name][:, :, sl] = q
+            self.buffers[name + "_scale"][:, :, sl] = s
+
+    def _load(self, start, end):
+        b = self.buffers
+        k = dequantize_int8(b["k"][:, :, start:end], b["k_scale"][:, :, start:end], self.dtype)
+        v = dequantize_int8(b["v"][:, :, start:end], b["v_scale"][:, :, start:end], self.dtype)
+        return k, v

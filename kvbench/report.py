@@ -1,0 +1,1747 @@
+"""CSVs -> report.md + PNG plots.
+
+The report reads only the CSV files of one or more result folders (`audit.csv`,
+`bench.csv`, `runs.csv`; any other `*.csv` is linked), so it can be re-rendered
+anywhere from copied results. Several folders (e.g. the outputs of several
+cluster jobs) are merged by concatenating their rows. Rows are grouped by
+(device, model): ratios and quality only make sense within one such setup.
+
+Everything written is a function of the CSVs except the one "rendered on" line.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvbench.errors import KvbenchError
+from kvbench.results import AUDIT_COLUMNS, BENCH_COLUMNS, STATUSES
+
+MODE_ORDER = ("fp16", "int8", "turbo4-asym", "turbo3-asym", "turbo4", "turbo4-delegated")
+
+RUNS_COLUMNS = ["date", "job", "command", "device", "model", "kvbench_version", "git_commit", "wall_s"]
+
+AUDIT_NUMERIC = [
+    "context_tokens",
+    "gen_tokens",
+    "first_divergence",
+    "top1_agreement",
+    "kl_div",
+    "ppl",
+    "ppl_delta",
+    "kv_bytes",
+    "kv_bytes_per_token",
+    "max_kv_size",
+    "keep",
+    "cached_tokens",
+    "niah_depth",
+    "batch",
+    "prefill_chunk",
+    "boundary_v",
+    "elapsed_s",
+]
+AUDIT_BOOL = ["identical_to_fp16", "near_tie", "degenerate", "kernel_agrees", "synthetic"]
+
+BENCH_NUMERIC = [
+    "context_tokens",
+    "gen_tokens",
+    "prefill_ms",
+    "prefill_tok_s",
+    "decode_ms",
+    "decode_tok_s",
+    "peak_mem_gb",
+    "prefill_chunk",
+    "batch",
+    "decode_ratio_vs_fp16",
+    "kv_bytes",
+    "kv_bytes_per_token",
+    "roofline_frac",
+    "repeats",
+    "decode_tok_s_min",
+    "decode_tok_s_max",
+    "peak_delta_gb",
+    "weight_bytes",
+    "bandwidth_gbs",
+    "floor_ms",
+    "step_ms",
+    "max_kv_size",
+    "keep",
+    "warmup",
+    "boundary_v",
+]
+BENCH_BOOL = ["cuda_graphs", "synthetic"]
+RUNS_NUMERIC = ["wall_s"]
+
+STATUS_MEANINGS = {
+    "ok": "the cell ran and passed: an audit row's output matched fp16 (identical, or different only at a "
+    "near-tie), a benchmark row was measured.",
+    "diverged": "the greedy output left fp16's at a token where fp16 had a clear winner (`first_divergence` "
+    "says which): the mode changes what the model says.",
+    "degenerate": "the output collapsed (repetition loops, a stuck token, garbage): the failure that defects "
+    "such as a scale floor or dropped attention sinks produce.",
+    "fallback": "the requested mode is not allowed for this model and ran as another mode (`effective_mode`); "
+    "its numbers describe the mode that actually ran.",
+    "oom": "the cell ran out of device memory: the mode does not fit at this context and batch.",
+    "error": "the cell raised an error; the `notes` column carries the message.",
+    "skipped": "the cell was not run (not applicable here, e.g. an unsupported head size or a context beyond "
+    "the model's limit).",
+}
+
+VERDICT_MEANINGS = (
+    "**identical**: same greedy tokens as fp16. "
+    "**near-tie at token N**: the first different token came where fp16's own top two candidates were "
+    "within the audit's tie margin (a tie-break, not a quality loss). "
+    "**diverged at token N**: the first different token came where fp16 had a clear winner. "
+    "**degenerate**: the output collapsed into repetition. "
+    "**top-1**: how often the mode's most likely next token equals fp16's; "
+    "**KL**: KL divergence of the mode's next-token distribution from fp16's (as computed by the audit)."
+)
+
+# Verdict kinds that keep fp16-quality output.
+GOOD_KINDS = ("reference", "identical", "near-tie", "ok")
+BAD_KINDS = ("diverged", "degenerate")
+FAIL_STATUSES = ("oom", "error", "skipped")
+RAN_STATUSES = ("ok", "diverged", "degenerate", "fallback")
+
+
+# ---------------------------------------------------------------------------
+# Formatting
+
+
+def _isnum(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _s(x) -> str:
+    """A cell as clean text ('' for missing)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return str(x).strip()
+
+
+def cell(x) -> str:
+    return _s(x).replace("\r", " ").replace("\n", " ").replace("|", "\\|")
+
+
+def md_table(headers: list[str], rows: list[list], align: str | None = None) -> str:
+    align = align or "l" * len(headers)
+    sep = ["---:" if a == "r" else ":---:" if a == "c" else "---" for a in align]
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "|".join(sep) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def ctx_label(n) -> str:
+    if not _isnum(n):
+        return "?"
+    n = int(n)
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n // 1024}K"
+    if n >= 1024 and n % 512 == 0:
+        return f"{n / 1024:.1f}K"
+    return str(n)
+
+
+def fmt_tok(x) -> str:
+    return f"{x:.1f}" if _isnum(x) else "—"
+
+
+def fmt_ratio(x) -> str:
+    return f"{x:.2f}x" if _isnum(x) else "—"
+
+
+def fmt_gb(x) -> str:
+    return f"{x:.2f}" if _isnum(x) else "—"
+
+
+def fmt_signed_gb(x) -> str:
+    return f"{x:+.2f}" if _isnum(x) else "—"
+
+
+def fmt_kl(x) -> str:
+    if not _isnum(x):
+        return "—"
+    return "0" if x == 0 else f"{x:.3g}"
+
+
+def fmt_pct(x, digits: int = 1) -> str:
+    """A fraction (0..1) as a percentage; values above 1 are taken as already in percent."""
+    if not _isnum(x):
+        return "—"
+    v = x * 100 if abs(x) <= 1 else x
+    return f"{v:.{digits}f}%"
+
+
+def fmt_bytes(x) -> str:
+    if not _isnum(x):
+        return "—"
+    if abs(x) < 1024:
+        return f"{x:.0f} B"
+    if abs(x) < 1024**2:
+        return f"{x / 1024:.1f} KiB"
+    if abs(x) < 1024**3:
+        return f"{x / 1024**2:.1f} MiB"
+    return f"{x / 1024**3:.2f} GiB"
+
+
+def fmt_int(x) -> str:
+    return f"{int(x)}" if _isnum(x) else "—"
+
+
+def fmt_ppl(x) -> str:
+    return f"{x:.3f}" if _isnum(x) else "—"
+
+
+def fmt_ppl_delta(x) -> str:
+    return f"{x:+.3g}" if _isnum(x) else "—"
+
+
+def fmt_depth(x) -> str:
+    if not _isnum(x):
+        return "?"
+    return f"{x * 100:.0f}%" if 0 <= x <= 1 else f"{x:g}"
+
+
+def join_list(items: list[str]) -> str:
+    items = [i for i in items if i]
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def mode_key(mode: str):
+    return (MODE_ORDER.index(mode), "") if mode in MODE_ORDER else (len(MODE_ORDER), mode)
+
+
+def order_modes(modes) -> list[str]:
+    return sorted({m for m in modes if m}, key=mode_key)
+
+
+# ---------------------------------------------------------------------------
+# Loading
+
+
+@dataclass
+class Results:
+    dirs: list[Path]
+    audit: pd.DataFrame
+    bench: pd.DataFrame
+    runs: pd.DataFrame
+    csv_files: list[Path]
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[], on_bad_lines="warn")
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+    df.columns = [str(c).strip() for c in df.columns]
+    return df
+
+
+def _to_bool(series: pd.Series) -> pd.Series:
+    table = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+    return series.map(lambda v: table.get(_s(v).lower())).astype(object)
+
+
+def _to_hit(series: pd.Series) -> pd.Series:
+    def one(v):
+        t = _s(v).lower()
+        if t in ("true", "yes", "hit"):
+            return 1.0
+        if t in ("false", "no", "miss"):
+            return 0.0
+        try:
+            return float(t)
+        except ValueError:
+            return np.nan
+
+    return series.map(one).astype(float)
+
+
+def _prepare(frames: list[pd.DataFrame], columns: list[str], numeric: list[str], boolean: list[str]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    all_cols = [*columns, "_source", "_order"]
+    if not frames:
+        df = pd.DataFrame({c: pd.Series(dtype=object) for c in all_cols})
+    else:
+        df = pd.concat(frames, ignore_index=True, sort=False)
+    for c in all_cols:
+        if c not in df.columns:
+            df[c] = ""
+    str_cols = [c for c in df.columns if c not in numeric and c not in boolean and c != "_order"]
+    for c in str_cols:
+        df[c] = df[c].map(_s).astype(object)
+    for c in numeric:
+        if c in df.columns:
+            df[c] = pd.to_numeric(df[c].map(_s).replace("", np.nan), errors="coerce").astype(float)
+    for c in boolean:
+        if c in df.columns:
+            df[c] = _to_bool(df[c])
+    for c in ("kv_cache_mode", "effective_mode", "status", "check", "verdict"):
+        if c in df.columns:
+            df[c] = df[c].str.strip()
+    if "status" in df.columns:
+        df["status"] = df["status"].str.lower()
+    if "check" in df.columns:
+        df["check"] = df["check"].str.lower().replace("", "greedy")
+    if "niah_hit" in df.columns:
+        df["niah_hit"] = _to_hit(df["niah_hit"])
+    return df
+
+
+def load_results(results_dirs: list[Path]) -> Results:
+    dirs = [Path(d) for d in results_dirs]
+    frames: dict[str, list[pd.DataFrame]] = {"audit": [], "bench": [], "runs": []}
+    csv_files: list[Path] = []
+    order = 0
+    for d in dirs:
+        if not d.is_dir():
+            raise KvbenchError(f"results folder {d} does not exist")
+        for path in sorted(d.glob("*.csv")):
+            csv_files.append(path)
+            if path.stem in frames:
+                df = _read_csv(path)
+                df["_source"] = str(d)
+                df["_order"] = range(order, order + len(df))
+                order += len(df)
+                frames[path.stem].append(df)
+    bench = _prepare(frames["bench"], BENCH_COLUMNS, BENCH_NUMERIC, BENCH_BOOL)
+    # The seed engine's CSV has no batch column: its rows are batch 1.
+    bench["batch"] = bench["batch"].fillna(1.0)
+    return Results(
+        dirs=dirs,
+        audit=_prepare(frames["audit"], AUDIT_COLUMNS, AUDIT_NUMERIC, AUDIT_BOOL),
+        bench=bench,
+        runs=_prepare(frames["runs"], RUNS_COLUMNS, RUNS_NUMERIC, []),
+        csv_files=csv_files,
+    )
+
+
+def _latest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """One row per key: the latest (by date, then file order); several cluster jobs may repeat a cell."""
+    if df.empty:
+        return df
+    df = df.sort_values(["date", "_order"], kind="stable")
+    return df.drop_duplicates(subset=keys, keep="last")
+
+
+# ---------------------------------------------------------------------------
+# Quality of one audit row
+
+
+@dataclass
+class Quality:
+    kind: str  # reference, identical, near-tie, diverged, degenerate, ok, oom, error, skipped, or a raw verdict
+    text: str  # "diverged at token 17"
+    short: str  # for compact cells
+    top1: float = float("nan")
+    kl: float = float("nan")
+    context: float = float("nan")
+    first_divergence: float = float("nan")
+
+
+def _norm_verdict(v: str) -> str:
+    return _s(v).lower().replace("_", "-").replace(" ", "-")
+
+
+def assess(row: dict) -> Quality:
+    status = _s(row.get("status")).lower()
+    verdict = _norm_verdict(row.get("verdict"))
+    fd = row.get("first_divergence")
+    at = f" at token {int(fd)}" if _isnum(fd) else ""
+    mode = _s(row.get("kv_cache_mode"))
+    reason = _s(row.get("degenerate_reason"))
+    extra = {"top1": row.get("top1_agreement"), "kl": row.get("kl_div"), "context": row.get("context_tokens")}
+    extra = {k: (float(v) if _isnum(v) else float("nan")) for k, v in extra.items()}
+    extra["first_divergence"] = float(fd) if _isnum(fd) else float("nan")
+    if status in FAIL_STATUSES:
+        return Quality(status, status, status, **extra)
+    if row.get("degenerate") is True or verdict.startswith("degenerat") or status == "degenerate":
+        return Quality("degenerate", "degenerate" + (f" ({reason})" if reason else ""), "degenerate", **extra)
+    if mode == "fp16" and _s(row.get("effective_mode")) in ("", "fp16"):
+        return Quality("reference", "reference", "reference", **extra)
+    if verdict in ("reference", "baseline"):
+        return Quality("reference", "reference", "reference", **extra)
+    if verdict == "identical":
+        return Quality("identical", "identical", "identical", **extra)
+    if "near" in verdict or "tie" in verdict:
+        return Quality("near-tie", "near-tie" + at, "near-tie" + (f"@{int(fd)}" if _isnum(fd) else ""), **extra)
+    if verdict.startswith("diverg"):
+        return Quality("diverged", "diverged" + at, "diverged" + (f"@{int(fd)}" if _isnum(fd) else ""), **extra)
+    if verdict:
+        return Quality(verdict, verdict + at, verdict, **extra)
+    if row.get("identical_to_fp16") is True:
+        return Quality("identical", "identical", "identical", **extra)
+    if row.get("near_tie") is True:
+        return Quality("near-tie", "near-tie" + at, "near-tie" + (f"@{int(fd)}" if _isnum(fd) else ""), **extra)
+    if row.get("identical_to_fp16") is False or _isnum(fd):
+        return Quality("diverged", "diverged" + at, "diverged" + (f"@{int(fd)}" if _isnum(fd) else ""), **extra)
+    if status == "diverged":
+        return Quality("diverged", "diverged", "diverged", **extra)
+    if status in ("ok", "fallback"):
+        return Quality("ok", "ok", "ok", **extra)
+    return Quality("unknown", status or "—", status or "—", **extra)
+
+
+def quality_metrics(q: Quality) -> str:
+    parts = []
+    if _isnum(q.top1):
+        parts.append(f"top-1 {fmt_pct(q.top1)}")
+    if _isnum(q.kl):
+        parts.append(f"KL {fmt_kl(q.kl)}")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------
+# Groups: one (device, model) setup
+
+
+@dataclass
+class Group:
+    device: str
+    model: str
+    audit: pd.DataFrame
+    bench_all: pd.DataFrame
+    bench: pd.DataFrame = field(init=False)  # non-capacity rows, latest per cell, with ratio / delta columns
+    capacity: pd.DataFrame = field(init=False)
+    bench_main: pd.DataFrame = field(init=False)  # every non-capacity row
+    greedy: pd.DataFrame = field(init=False)  # latest greedy row per (mode, context)
+    quality: dict = field(init=False)  # (mode, context) -> Quality
+    modes: list[str] = field(init=False)
+    ref_batch: float | None = field(init=False)
+    index: int = 0
+    multi: bool = False
+
+    def __post_init__(self) -> None:
+        b = self.bench_all
+        is_cap = b["notes"].str.contains("capacity", case=False, regex=False) if len(b) else pd.Series(dtype=bool)
+        keys = [
+            "context_tokens",
+            "batch",
+            "kv_cache_mode",
+            "kernel",
+            "cuda_graphs",
+            "max_kv_size",
+            "dtype",
+            "boundary_v",
+            "prefill_chunk",
+        ]
+        self.capacity = _latest(b[is_cap], keys) if len(b) else b
+        self.bench_main = b[~is_cap] if len(b) else b
+        self.bench = _enrich_bench(_latest(b[~is_cap], keys) if len(b) else b)
+        a = self.audit
+        self.greedy = _latest(a[a["check"] == "greedy"], ["kv_cache_mode", "context_tokens"]) if len(a) else a
+        self.quality = {}
+        for r in self.greedy.to_dict("records"):
+            self.quality[(r["kv_cache_mode"], r["context_tokens"])] = assess(r)
+        self.modes = order_modes(list(a["kv_cache_mode"]) + list(b["kv_cache_mode"]))
+        batches = sorted({x for x in self.bench["batch"] if _isnum(x)})
+        self.ref_batch = 1.0 if 1.0 in batches else (batches[0] if batches else None)
+
+    @property
+    def label(self) -> str:
+        return f"{self.device or 'unknown device'} · {self.model or 'unknown model'}"
+
+    @property
+    def suffix(self) -> str:
+        return f"_{self.index + 1}" if self.multi else ""
+
+    def heading(self, level: int = 3) -> str:
+        return f"{'#' * level} {self.label}\n"
+
+    def rows_for(self, mode: str) -> pd.DataFrame:
+        """Audit and (non-capacity) benchmark rows of one mode; `_kind` says which."""
+        a = self.audit[self.audit["kv_cache_mode"] == mode].assign(_kind="audit")
+        b = self.bench_main[self.bench_main["kv_cache_mode"] == mode].assign(_kind="bench")
+        if a.empty and b.empty:  # a mode seen only in a capacity search
+            b = self.capacity[self.capacity["kv_cache_mode"] == mode].assign(_kind="bench")
+        return pd.concat([a, b], ignore_index=True, sort=False)
+
+    def contexts(self, df: pd.DataFrame) -> list[float]:
+        return sorted({x for x in df["context_tokens"] if _isnum(x)})
+
+    def mode_quality(self, mode: str) -> list[Quality]:
+        qs = [q for (m, _c), q in self.quality.items() if m == mode]
+        return sorted(qs, key=lambda q: q.context if _isnum(q.context) else -1)
+
+    def quality_ok(self, mode: str, ctx) -> tuple[bool | None, str]:
+        """Does `mode` keep fp16 quality at `ctx`? (None: not audited). Second item: a caveat."""
+        if mode == "fp16":
+            return True, ""
+        q = self.quality.get((mode, ctx))
+        if q is not None:
+            return q.kind in GOOD_KINDS, ""
+        qs = self.mode_quality(mode)
+        if not qs:
+            return None, ""
+        ok = all(q.kind in GOOD_KINDS for q in qs)
+        return ok, f"audited at {', '.join(ctx_label(q.context) for q in qs)} only"
+
+    def bench_ok(self, batch=None) -> pd.DataFrame:
+        b = self.bench
+        if b.empty:
+            return b
+        b = b[b["status"].isin(["ok", "fallback", ""]) & b["decode_tok_s"].notna()]
+        if batch is not None:
+            b = b[b["batch"] == batch]
+        return b
+
+    def kv_per_token(self, mode: str, ctx) -> float:
+        for df in (self.bench, self.audit):
+            if df.empty:
+                continue
+            rows = df[(df["kv_cache_mode"] == mode) & df["kv_bytes_per_token"].notna()]
+            exact = rows[rows["context_tokens"] == ctx]
+            rows = exact if len(exact) else rows.sort_values("context_tokens")
+            if len(rows):
+                return float(rows["kv_bytes_per_token"].iloc[-1])
+        return float("nan")
+
+
+def _enrich_bench(b: pd.DataFrame) -> pd.DataFrame:
+    """Ratio and peak delta vs fp16; the CSV's own columns win (measured side by side within one run)."""
+    b = b.copy()
+    for c in ("_ratio", "_fp16_peak", "_peak_delta", "_peak_delta_pct"):
+        b[c] = np.nan
+    b["_ratio_computed"] = False
+    b["_fp16_status"] = ""  # why there is no fp16 reference (e.g. oom), where fp16 failed
+    if b.empty:
+        return b
+    fp16_failed = {
+        (r["context_tokens"], r["batch"]): r["status"]
+        for r in b[(b["kv_cache_mode"] == "fp16") & b["status"].isin(FAIL_STATUSES)].to_dict("records")
+    }
+    ok = b[b["status"].isin(["ok", ""]) & b["decode_tok_s"].notna()]
+    fp16 = ok[(ok["kv_cache_mode"] == "fp16")]
+    best = {}
+    for r in fp16.to_dict("records"):
+        key = (r["context_tokens"], r["batch"])
+        if key not in best or r["decode_tok_s"] > best[key]["decode_tok_s"]:
+            best[key] = r
+    for i, r in b.iterrows():
+        ref = best.get((r["context_tokens"], r["batch"]))
+        if ref is None:
+            b.at[i, "_fp16_status"] = fp16_failed.get((r["context_tokens"], r["batch"]), "")
+        ratio = r["decode_ratio_vs_fp16"]
+        if not _isnum(ratio) and ref is not None and _isnum(r["decode_tok_s"]) and ref["decode_tok_s"] > 0:
+            ratio = r["decode_tok_s"] / ref["decode_tok_s"]
+            b.at[i, "_ratio_computed"] = True
+        b.at[i, "_ratio"] = ratio
+        ref_peak = ref["peak_mem_gb"] if ref is not None else np.nan
+        delta = r["peak_delta_gb"]
+        if not _isnum(delta) and _isnum(ref_peak) and _isnum(r["peak_mem_gb"]):
+            delta = r["peak_mem_gb"] - ref_peak
+        b.at[i, "_fp16_peak"] = ref_peak
+        b.at[i, "_peak_delta"] = delta
+        if _isnum(delta) and _isnum(ref_peak) and ref_peak > 0:
+            b.at[i, "_peak_delta_pct"] = 100.0 * delta / ref_peak
+    return b
+
+
+def build_groups(data: Results) -> list[Group]:
+    keys = set()
+    for df in (data.audit, data.bench):
+        keys |= set(zip(df["device"], df["model"], strict=True))
+    groups = []
+    for device, model in sorted(keys):
+        a = data.audit[(data.audit["device"] == device) & (data.audit["model"] == model)]
+        b = data.bench[(data.bench["device"] == device) & (data.bench["model"] == model)]
+        groups.append(Group(device=device, model=model, audit=a, bench_all=b))
+    for i, g in enumerate(groups):
+        g.index, g.multi = i, len(groups) > 1
+    return groups
+
+
+# ---------------------------------------------------------------------------
+# Sections
+
+
+def _unique(values) -> list[str]:
+    return sorted({_s(v) for v in values if _s(v)})
+
+
+def _date_span(dates: list[str]) -> str:
+    if not dates:
+        return "unknown"
+    if len(dates) <= 3:
+        return ", ".join(dates)
+    return f"{dates[0]} to {dates[-1]} ({len(dates)} days)"
+
+
+def section_header(data: Results, groups: list[Group], out_dir: Path) -> str:
+    rows = pd.concat([data.audit, data.bench], ignore_index=True, sort=False)
+    dates = _unique([d[:10] for d in list(rows["date"]) + list(data.runs["date"])])
+    lines = ["# kvbench report", ""]
+    lines.append(f"- **Date{'s' if len(dates) > 1 else ''}**: {_date_span(dates)}")
+    devices = []
+    for dev in _unique(list(rows["device"]) + list(data.runs["device"])):
+        drivers = _unique(rows.loc[rows["device"] == dev, "driver"])
+        devices.append(dev + (f" (driver {', '.join(drivers)})" if drivers else ""))
+    lines.append(f"- **Device{'s' if len(devices) > 1 else ''}**: {'; '.join(devices) or 'unknown'}")
+    models = []
+    for model in _unique(list(rows["model"]) + list(data.runs["model"])):
+        sub = rows[rows["model"] == model]
+        hashes = _unique(sub["model_hash"])
+        synthetic = any(v is True for v in sub["synthetic"])
+        models.append(
+            f"`{model}`"
+            + (f" (weights hash `{'`, `'.join(hashes)}`)" if hashes else "")
+            + (" — synthetic (random) weights" if synthetic else "")
+        )
+    lines.append(f"- **Model{'s' if len(models) > 1 else ''}**: {'; '.join(models) or 'unknown'}")
+    prov = pd.concat(
+        [rows[["kvbench_version", "git_commit"]], data.runs[["kvbench_version", "git_commit"]]], ignore_index=True
+    )
+    builds = _unique(
+        f"{v or '?'} (git {c})" if c else (v or "?")
+        for v, c in zip(prov["kvbench_version"], prov["git_commit"], strict=True)
+    )
+    lines.append(f"- **kvbench**: {'; '.join(builds) or 'unknown'}")
+    soft = []
+    for col, name in (
+        ("torch_version", "torch"),
+        ("triton_version", "triton"),
+        ("transformers_version", "transformers"),
+    ):
+        vals = _unique(rows[col])
+        soft.append(f"{name} {', '.join(vals) if vals else '—'}")
+    lines.append(f"- **Software**: {' · '.join(soft)}")
+    rels = [_rel(d, out_dir) for d in data.dirs]
+    rels = [f"{d.resolve().name}/ (this folder)" if r == "." else r for d, r in zip(data.dirs, rels, strict=True)]
+    lines.append(f"- **Results folder{'s' if len(rels) > 1 else ''}**: {', '.join(f'`{r}`' for r in rels)}")
+    lines.append(f"- Rendered on {_dt.date.today().isoformat()} from the CSVs only.")
+    runs = data.runs
+    if len(runs):
+        lines += ["", "Commands that wrote these results (from `runs.csv`):", "", "```"]
+        for r in runs.sort_values(["date", "_order"], kind="stable").to_dict("records"):
+            meta = [x for x in (r["date"], f"job {r['job']}" if r["job"] else "", r["device"]) if x]
+            if _isnum(r["wall_s"]):
+                meta.append(f"{r['wall_s']:.1f} s")
+            lines.append("# " + " · ".join(meta))
+            lines.append(r["command"] or "(command not recorded)")
+        lines.append("```")
+    return "\n".join(lines)
+
+
+def section_summary(groups: list[Group]) -> str:
+    out = ["## Summary", ""]
+    for g in groups:
+        sentences = _summary_sentences(g)
+        prefix = f"**{g.label}**: " if g.multi else ""
+        out.append(prefix + " ".join(sentences))
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def _ctx_list(ctxs) -> str:
+    return join_list([ctx_label(c) for c in sorted(ctxs)])
+
+
+def _mode_list(modes: list[str], all_modes: list[str]) -> str:
+    if len(modes) == len(all_modes) and len(modes) > 2:
+        return f"all {len(modes)} modes"
+    return join_list(modes)
+
+
+def _summary_sentences(g: Group) -> list[str]:
+    s = []
+    ran, failed, fallbacks = [], [], {}
+    for m in g.modes:
+        rows = g.rows_for(m)
+        statuses = set(rows["status"])
+        if statuses & set(RAN_STATUSES) or "" in statuses:
+            ran.append(m)
+        else:
+            failed.append(m)
+        eff = _unique(e for e in rows["effective_mode"] if e and e != m)
+        if eff:
+            fallbacks[m] = eff
+    parts = []
+    if len(g.audit):
+        audited = order_modes(g.audit["kv_cache_mode"])
+        parts.append(
+            f"audited {_mode_list(audited, g.modes)} at {_ctx_list(g.contexts(g.audit))} ({len(g.audit)} rows)"
+        )
+    if len(g.bench_main):
+        benched = order_modes(g.bench_main["kv_cache_mode"])
+        batches = sorted({int(x) for x in g.bench_main["batch"] if _isnum(x)})
+        parts.append(
+            f"benchmarked {_mode_list(benched, g.modes)} at {_ctx_list(g.contexts(g.bench_main))}"
+            + (f" with batch {join_list([str(b) for b in batches])}" if batches else "")
+            + f" ({len(g.bench_main)} rows"
+            + (f", plus {len(g.capacity)} capacity-search rows)" if len(g.capacity) else ")")
+        )
+    elif len(g.capacity):
+        parts.append(f"ran a capacity search ({len(g.capacity)} rows)")
+    first = " and ".join(parts) if parts else "no rows"
+    first = first[0].upper() + first[1:]
+    tail = []
+    if failed:
+        tail.append(f"{join_list(failed)} produced no result")
+    if fallbacks:
+        tail.append(join_list([f"{m} ran as {'/'.join(e)} (fallback)" for m, e in fallbacks.items()]))
+    s.append(first + ("; " + "; ".join(tail) if tail else "") + ".")
+
+    # Quality: the worst verdict per quantized mode.
+    if g.quality:
+        cats: dict[str, list[str]] = {}
+        for m in g.modes:
+            qs = [q for q in g.mode_quality(m) if q.kind != "reference"]
+            if m == "fp16" or not qs:
+                continue
+            kinds = [q.kind for q in qs]
+            if all(k == "identical" for k in kinds):
+                cats.setdefault("identical", []).append(m)
+            elif "degenerate" in kinds:
+                bad = [ctx_label(q.context) for q in qs if q.kind == "degenerate"]
+                cats.setdefault("bad", []).append(f"{m} degenerated at {join_list(bad)}")
+            elif "diverged" in kinds:
+                d = [q for q in qs if q.kind == "diverged"]
+                where = join_list(
+                    [
+                        ctx_label(q.context)
+                        + (f" (token {int(q.first_divergence)})" if _isnum(q.first_divergence) else "")
+                        for q in d
+                    ]
+                )
+                cats.setdefault("bad", []).append(f"{m} diverged at {where}")
+            elif all(k in GOOD_KINDS for k in kinds):
+                near = [ctx_label(q.context) for q in qs if q.kind == "near-tie"]
+                if near:
+                    cats.setdefault("near", []).append(f"{m} (at {join_list(near)})")
+                else:
+                    cats.setdefault("passed", []).append(m)
+            else:
+                other = [f"{q.text} at {ctx_label(q.context)}" for q in qs if q.kind not in GOOD_KINDS]
+                cats.setdefault("fail", []).append(f"{m} did not complete ({join_list(other)})")
+        bits = []
+        if cats.get("identical"):
+            n = len(cats["identical"])
+            bits.append(
+                f"{join_list(cats['identical'])} {'was' if n == 1 else 'were'} identical at every audited context"
+            )
+        if cats.get("near"):
+            bits.append(f"{join_list(cats['near'])} differed only at near-ties")
+        if cats.get("passed"):
+            bits.append(f"{join_list(cats['passed'])} passed (status ok; the CSV gives no verdict detail)")
+        bits += cats.get("bad", []) + cats.get("fail", [])
+        if bits:
+            text = "; ".join(bits)
+            s.append(f"Against fp16: {text}.")
+    elif len(g.audit) == 0:
+        s.append("No audit rows: output quality was not checked.")
+
+    # Speed and KV bytes at the longest measured context.
+    bok = g.bench_ok(g.ref_batch)
+    if len(bok):
+        ctx = max(bok["context_tokens"].dropna())
+        at = bok[bok["context_tokens"] == ctx]
+        fp = at[at["kv_cache_mode"] == "fp16"]
+        fp16_tok = fp["decode_tok_s"].max() if len(fp) else float("nan")
+        speed = []
+        for m in g.modes:
+            if m == "fp16":
+                continue
+            r = at[at["kv_cache_mode"] == m]
+            if len(r):
+                best = r.sort_values("decode_tok_s").iloc[-1]
+                speed.append(f"{m} {fmt_ratio(best['_ratio'])}")
+        fails = g.bench[
+            (g.bench["context_tokens"] == ctx)
+            & (g.bench["batch"] == g.ref_batch)
+            & g.bench["status"].isin(FAIL_STATUSES)
+        ]
+        speed += [f"{r['kv_cache_mode']} {r['status']}" for r in fails.to_dict("records")]
+        head = f"At {ctx_label(ctx)} (batch {fmt_int(g.ref_batch)}), the longest measured context"
+        if _isnum(fp16_tok):
+            head += f", fp16 decoded {fmt_tok(fp16_tok)} tok/s"
+        sent = head + (f"; relative to it: {', '.join(speed)}" if speed and _isnum(fp16_tok) else "")
+        fp_bytes = g.kv_per_token("fp16", ctx)
+        saving = []
+        for m in g.modes:
+            kb = g.kv_per_token(m, ctx)
+            if m != "fp16" and _isnum(kb) and _isnum(fp_bytes) and kb > 0:
+                saving.append(f"{m} {fmt_bytes(kb)} ({fp_bytes / kb:.2f}x less)")
+        if saving:
+            sent += f". KV bytes per token: fp16 {fmt_bytes(fp_bytes)}, {', '.join(saving)}"
+        s.append(sent + ".")
+    elif len(g.bench_all) == 0:
+        s.append("No benchmark rows: decode speed and memory were not measured.")
+    else:
+        s.append("No benchmark cell completed (see the benchmark table for statuses).")
+    return s
+
+
+def _row_where(r: dict) -> str:
+    where = ctx_label(r.get("context_tokens"))
+    if _isnum(r.get("batch")) and r.get("_kind") == "bench":
+        where += f" b={int(r['batch'])}"
+    return where
+
+
+def section_audit(groups: list[Group]) -> str:
+    out = ["## Audit status matrix", ""]
+    for g in groups:
+        if g.multi:
+            out.append(g.heading())
+        out.append(_status_matrix(g))
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def _status_matrix(g: Group) -> str:
+    rows = []
+    bench_ctxs = g.contexts(g.bench)
+    for m in g.modes:
+        recs = g.rows_for(m).to_dict("records")
+        # Runs
+        statuses = [r["status"] for r in recs]
+        ran = any(st in RAN_STATUSES or st == "" for st in statuses)
+        problems: dict[str, list[str]] = {}
+        for r in recs:
+            if r["status"] in FAIL_STATUSES:
+                where = _row_where(r)
+                problems.setdefault(r["status"], [])
+                if where not in problems[r["status"]]:
+                    problems[r["status"]].append(where)
+        runs = "yes" if ran else "no"
+        if problems:
+            runs += "; " + "; ".join(f"{st} at {', '.join(w)}" for st, w in problems.items())
+        # Quality
+        if m == "fp16":
+            quality = "reference"
+        else:
+            qs = g.mode_quality(m)
+            bits = []
+            for q in qs:
+                metrics = quality_metrics(q)
+                bits.append(f"{ctx_label(q.context)}: {q.text}" + (f" ({metrics})" if metrics else ""))
+            ppl = g.audit[(g.audit["kv_cache_mode"] == m) & (g.audit["check"] == "ppl")]
+            ppl = _latest(ppl, ["context_tokens"]).sort_values("context_tokens")
+            for r in ppl.to_dict("records"):
+                if _isnum(r["ppl_delta"]):
+                    bits.append(f"ppl Δ {fmt_ppl_delta(r['ppl_delta'])} at {ctx_label(r['context_tokens'])}")
+            quality = "; ".join(bits) if bits else "not audited"
+        # Decode vs fp16 (reference batch)
+        decode = []
+        bb = g.bench[(g.bench["kv_cache_mode"] == m) & (g.bench["batch"] == g.ref_batch)] if len(g.bench) else g.bench
+        for ctx in bench_ctxs:
+            r = bb[bb["context_tokens"] == ctx] if len(bb) else bb
+            if not len(r):
+                continue
+            r = r.sort_values("decode_tok_s", na_position="first").iloc[-1]
+            if r["status"] in FAIL_STATUSES or not _isnum(r["decode_tok_s"]):
+                decode.append(f"{ctx_label(ctx)} {r['status'] or 'no data'}")
+            elif m == "fp16":
+                decode.append(f"{ctx_label(ctx)} {fmt_tok(r['decode_tok_s'])} tok/s")
+            else:
+                decode.append(f"{ctx_label(ctx)} {fmt_ratio(r['_ratio'])}")
+        decode_text = ", ".join(decode) if decode else "not benchmarked"
+        if decode and m == "fp16":
+            decode_text = "baseline: " + decode_text
+        if decode and g.ref_batch is not None and g.ref_batch != 1:
+            decode_text += f" (batch {fmt_int(g.ref_batch)})"
+        # Peak memory at the largest context this mode completed
+        peak = "—"
+        okb = g.bench_ok(g.ref_batch)
+        okm = okb[(okb["kv_cache_mode"] == m) & okb["peak_mem_gb"].notna()] if len(okb) else okb
+        if len(okm):
+            r = okm.sort_values(["context_tokens", "decode_tok_s"]).iloc[-1]
+            peak = f"{fmt_gb(r['peak_mem_gb'])} GB at {ctx_label(r['context_tokens'])}"
+            if m != "fp16" and _isnum(r["_peak_delta_pct"]):
+                peak += f" ({r['_peak_delta_pct']:+.1f}% vs fp16)"
+            if bench_ctxs and r["context_tokens"] < bench_ctxs[-1]:
+                peak += f"; no result at {ctx_label(bench_ctxs[-1])}"
+        # Notes
+        notes = []
+        eff = _unique(r["effective_mode"] for r in recs if r["effective_mode"] and r["effective_mode"] != m)
+        if eff:
+            notes.append(f"ran as {'/'.join(eff)} (fallback)")
+        texts = _unique(r["notes"] for r in recs)
+        for t in texts[:3]:
+            notes.append(t if len(t) <= 160 else t[:157] + "...")
+        if len(texts) > 3:
+            notes.append(f"+{len(texts) - 3} more notes")
+        if any(r.get("synthetic") is True for r in recs):
+            notes.append("synthetic model")
+        rows.append([f"`{m}`", f"`--modes {m}`", runs, quality, decode_text, peak, "; ".join(notes)])
+    table = md_table(
+        ["Mode", "CLI flag", "Runs", "Output quality vs fp16", "Decode vs fp16", "Peak memory", "Notes"], rows
+    )
+    return table
+
+
+def section_quality_matrix(groups: list[Group]) -> str:
+    out = ["## Quality per context", ""]
+    any_rows = False
+    for g in groups:
+        if g.greedy.empty:
+            continue
+        any_rows = True
+        if g.multi:
+            out.append(g.heading())
+        ctxs = g.contexts(g.greedy)
+        rows = []
+        for m in g.modes:
+            if not any((m, c) in g.quality for c in ctxs):
+                continue
+            cells = []
+            for c in ctxs:
+                q = g.quality.get((m, c))
+                if q is None:
+                    cells.append("")
+                    continue
+                metrics = [fmt_pct(q.top1)] if _isnum(q.top1) else []
+                if _isnum(q.kl):
+                    metrics.append(f"KL {fmt_kl(q.kl)}")
+                cells.append(" · ".join([q.short, *metrics]))
+            rows.append([f"`{m}`", *cells])
+        out.append("Cell: verdict · top-1 agreement · KL divergence vs fp16 (greedy check).")
+        out.append("")
+        out.append(md_table(["Mode", *[ctx_label(c) for c in ctxs]], rows))
+        out.append("")
+    if not any_rows:
+        out.append("No greedy audit rows.")
+    return "\n".join(out).rstrip()
+
+
+def section_checks(groups: list[Group]) -> str:
+    """One section per non-greedy check type present."""
+    checks = []
+    for g in groups:
+        checks += [c for c in g.audit["check"] if c and c != "greedy" and c not in checks]
+    order = ["ppl", "max_kv", "prefix_reuse", "niah", "kernel"]
+    checks = sorted(set(checks), key=lambda c: (order.index(c) if c in order else len(order), c))
+    out = []
+    for check in checks:
+        title = {
+            "ppl": "Perplexity",
+            "max_kv": "Sliding window (--max-kv-size)",
+            "prefix_reuse": "Prefix reuse",
+            "niah": "Needle in a haystack",
+            "kernel": "Kernel checks",
+        }.get(check, f"Check: {check}")
+        out += [f"## {title}", ""]
+        for g in groups:
+            rows = g.audit[g.audit["check"] == check]
+            if rows.empty:
+                continue
+            if g.multi:
+                out.append(g.heading())
+            fn = {"ppl": _check_ppl, "max_kv": _check_max_kv, "prefix_reuse": _check_prefix, "niah": _check_niah}
+            out.append(fn.get(check, _check_generic)(g, rows))
+            out.append("")
+    return "\n".join(out).rstrip()
+
+
+def _check_ppl(g: Group, rows: pd.DataFrame) -> str:
+    rows = _latest(rows, ["kv_cache_mode", "context_tokens"])
+    ctxs = g.contexts(rows)
+    table = []
+    for m in order_modes(rows["kv_cache_mode"]):
+        cells = []
+        for c in ctxs:
+            r = rows[(rows["kv_cache_mode"] == m) & (rows["context_tokens"] == c)]
+            if r.empty:
+                cells.append("")
+                continue
+            r = r.iloc[-1]
+            if r["status"] in FAIL_STATUSES:
+                cells.append(r["status"])
+            elif m == "fp16" or not _isnum(r["ppl_delta"]):
+                cells.append(fmt_ppl(r["ppl"]))
+            else:
+                cells.append(f"{fmt_ppl(r['ppl'])} (Δ {fmt_ppl_delta(r['ppl_delta'])})")
+        table.append([f"`{m}`", *cells])
+    return "Perplexity on the bundled text; Δ is the difference to fp16 as written by the audit.\n\n" + md_table(
+        ["Mode", *[ctx_label(c) for c in ctxs]], table, "l" + "r" * len(ctxs)
+    )
+
+
+def _check_max_kv(g: Group, rows: pd.DataFrame) -> str:
+    keys = ["context_tokens", "max_kv_size", "keep"]
+    rows = _latest(rows, ["kv_cache_mode", *keys])
+    combos = sorted(
+        {tuple(k) for k in rows[keys].itertuples(index=False, name=None)},
+        key=lambda t: tuple(x if _isnum(x) else -1 for x in t),
+    )
+    headers = [
+        f"{ctx_label(c)}, max {fmt_int(n)}, keep {fmt_int(k)}"
+        if len({t[0] for t in combos}) > 1
+        else f"max {fmt_int(n)}, keep {fmt_int(k)}"
+        for c, n, k in combos
+    ]
+    table = []
+    for m in order_modes(rows["kv_cache_mode"]):
+        cells = []
+        for c, n, k in combos:
+            sel = rows["kv_cache_mode"] == m
+            for col, v in zip(keys, (c, n, k), strict=True):
+                sel &= rows[col].isna() if not _isnum(v) else rows[col] == v
+            r = rows[sel]
+            if r.empty:
+                cells.append("")
+                continue
+            rec = r.iloc[-1].to_dict()
+            q = assess({**rec, "kv_cache_mode": "" if m == "fp16" else m})
+            text = q.text
+            if q.kind in ("ok", "unknown") and rec.get("degenerate") is False:
+                text = "not degenerate"
+            cells.append(text)
+        table.append([f"`{m}`", *cells])
+    return "Output with a bounded cache (front trim keeping `keep` sink tokens), vs fp16.\n\n" + md_table(
+        ["Mode", *headers], table
+    )
+
+
+def _check_prefix(g: Group, rows: pd.DataFrame) -> str:
+    rows = _latest(rows, ["kv_cache_mode", "context_tokens"])
+    rows = rows.assign(_mk=rows["kv_cache_mode"].map(mode_key)).sort_values(["_mk", "context_tokens"])
+    table = []
+    for r in rows.to_dict("records"):
+        v = _norm_verdict(r["verdict"])
+        if r["identical_to_fp16"] is True or v == "identical":
+            same = "yes"
+        elif r["identical_to_fp16"] is False or v:
+            same = "no" + (f" ({r['verdict']})" if v and v != "identical" else "")
+        else:
+            same = "—"
+        table.append(
+            [
+                f"`{r['kv_cache_mode']}`",
+                ctx_label(r["context_tokens"]),
+                same,
+                fmt_int(r["cached_tokens"]),
+                r["status"],
+                r["notes"],
+            ]
+        )
+    return "Generation from a reused cached prefix compared with a fresh prefill.\n\n" + md_table(
+        ["Mode", "Context", "Identical?", "Cached tokens", "Status", "Notes"], table, "llcrll"
+    )
+
+
+def _niah_grid(rows: pd.DataFrame):
+    ctxs = sorted({x for x in rows["context_tokens"] if _isnum(x)})
+    depths = sorted({x for x in rows["niah_depth"] if _isnum(x)})
+    grids = {}
+    for m in order_modes(rows["kv_cache_mode"]):
+        sub = rows[rows["kv_cache_mode"] == m]
+        hits = np.full((len(depths), len(ctxs)), np.nan)
+        counts = np.zeros((len(depths), len(ctxs)), dtype=int)
+        for i, d in enumerate(depths):
+            for j, c in enumerate(ctxs):
+                cellrows = sub[(sub["niah_depth"] == d) & (sub["context_tokens"] == c)]["niah_hit"].dropna()
+                if len(cellrows):
+                    hits[i, j] = float((cellrows > 0).sum())
+                    counts[i, j] = len(cellrows)
+        grids[m] = (hits, counts)
+    return ctxs, depths, grids
+
+
+def _check_niah(g: Group, rows: pd.DataFrame) -> str:
+    ctxs, depths, grids = _niah_grid(rows)
+    table = []
+    for m, (hits, counts) in grids.items():
+        for i, d in enumerate(depths):
+            cells = [f"{int(hits[i, j])}/{counts[i, j]}" if counts[i, j] else "" for j in range(len(ctxs))]
+            table.append([f"`{m}`", fmt_depth(d), *cells])
+    total = {m: (np.nansum(h), c.sum()) for m, (h, c) in grids.items()}
+    summary = ", ".join(f"{m} {int(h)}/{int(n)}" for m, (h, n) in total.items() if n)
+    return f"Needle retrieved (hits / trials) by needle depth and context. Overall: {summary}.\n\n" + md_table(
+        ["Mode", "Depth", *[ctx_label(c) for c in ctxs]], table, "ll" + "r" * len(ctxs)
+    )
+
+
+def _check_generic(g: Group, rows: pd.DataFrame) -> str:
+    rows = rows.assign(_mk=rows["kv_cache_mode"].map(mode_key)).sort_values(["_mk", "context_tokens"], kind="stable")
+    table = []
+    for r in rows.to_dict("records"):
+        agrees = {True: "yes", False: "no"}.get(r.get("kernel_agrees"), "—")
+        table.append(
+            [
+                f"`{r['kv_cache_mode']}`",
+                ctx_label(r["context_tokens"]),
+                r["status"],
+                r["verdict"],
+                r["kernel"],
+                agrees,
+                r["notes"],
+            ]
+        )
+    return md_table(["Mode", "Context", "Status", "Verdict", "Kernel", "Agrees with reference", "Notes"], table)
+
+
+def section_statuses(data: Results) -> str:
+    counts: dict[str, int] = {}
+    for df in (data.audit, data.bench):
+        for st in df["status"]:
+            if st:
+                counts[st] = counts.get(st, 0) + 1
+    out = ["## What the statuses mean", ""]
+    present = [s for s in STATUSES if s in counts] + sorted(s for s in counts if s not in STATUSES)
+    for st in present:
+        meaning = STATUS_MEANINGS.get(st, "not a standard kvbench status; see the rows' notes.")
+        n = counts[st]
+        out.append(f"- `{st}` ({n} row{'s' if n != 1 else ''}): {meaning}")
+    if not present:
+        out.append("- No row carries a status.")
+    absent = [s for s in STATUSES if s not in counts]
+    if absent:
+        out.append(f"- Not present here: {', '.join(f'`{s}`' for s in absent)}.")
+    out += ["", "Quality verdicts: " + VERDICT_MEANINGS]
+    return "\n".join(out)
+
+
+PEAK_KINDS = {
+    "cuda": "the CUDA allocator's high-water mark (`torch.cuda.max_memory_allocated`, reset at the start of each cell)",
+    "rss": "the process' maximum resident set size on the CPU (includes Python, weights and everything else)",
+}
+
+
+def _peak_kind_text(kinds: list[str]) -> str:
+    out = []
+    for k in kinds:
+        low = k.lower()
+        if "cuda" in low or "alloc" in low:
+            out.append(f"`{k}`: {PEAK_KINDS['cuda']}")
+        elif "rss" in low or "cpu" in low:
+            out.append(f"`{k}`: {PEAK_KINDS['rss']}")
+        else:
+            out.append(f"`{k}`")
+    return "; ".join(out)
+
+
+def section_bench(groups: list[Group]) -> str:
+    out = ["## Benchmark", ""]
+    if all(g.bench_all.empty for g in groups):
+        out.append("No benchmark rows (no `bench.csv`).")
+        return "\n".join(out)
+    for g in groups:
+        if g.bench_all.empty:
+            continue
+        if g.multi:
+            out.append(g.heading())
+        b = g.bench
+        if b.empty:
+            out.append("Only capacity-search rows; see Capacity below.")
+            out.append("")
+            continue
+        out.append(_bench_method_line(g))
+        out.append("")
+        show_kernel = any(b["kernel"] != "") or any(v is True for v in b["cuda_graphs"])
+        b = b.assign(_mk=b["kv_cache_mode"].map(mode_key)).sort_values(
+            ["context_tokens", "batch", "_mk", "kernel"], kind="stable"
+        )
+        rows = []
+        computed = False
+        for r in b.to_dict("records"):
+            mode = f"`{r['kv_cache_mode']}`"
+            if r["effective_mode"] and r["effective_mode"] != r["kv_cache_mode"]:
+                mode += f" (as {r['effective_mode']})"
+            base = [ctx_label(r["context_tokens"]), fmt_int(r["batch"]), mode]
+            kern = []
+            if show_kernel:
+                k = r["kernel"] or "—"
+                if r["cuda_graphs"] is True:
+                    k += ", graphs"
+                kern = [k]
+            if r["status"] in FAIL_STATUSES or not _isnum(r["decode_tok_s"]):
+                status = f"**{r['status'] or 'no data'}**"
+                rows.append([*base, *kern, status, "—", "—", "—", "—", "—", r["notes"]])
+                continue
+            tok = fmt_tok(r["decode_tok_s"])
+            if _isnum(r["decode_tok_s_min"]) and _isnum(r["decode_tok_s_max"]):
+                tok += f" ({fmt_tok(r['decode_tok_s_min'])}–{fmt_tok(r['decode_tok_s_max'])})"
+            ratio = fmt_ratio(r["_ratio"])
+            if not _isnum(r["_ratio"]) and r["_fp16_status"]:
+                ratio = f"— (fp16 {r['_fp16_status']})"
+            if r["_ratio_computed"]:
+                ratio += "*"
+                computed = True
+            if r["kv_cache_mode"] == "fp16" and r["effective_mode"] not in ("", "fp16"):
+                delta = "—"
+            elif r["kv_cache_mode"] == "fp16":
+                delta = "baseline"
+            else:
+                delta = fmt_signed_gb(r["_peak_delta"])
+                if _isnum(r["_peak_delta_pct"]):
+                    delta += f" ({r['_peak_delta_pct']:+.1f}%)"
+            notes = r["notes"]
+            if r["status"] not in ("ok", ""):
+                notes = f"{r['status']}" + (f": {notes}" if notes else "")
+            rows.append(
+                [
+                    *base,
+                    *kern,
+                    tok,
+                    ratio,
+                    fmt_gb(r["peak_mem_gb"]),
+                    delta,
+                    fmt_pct(r["roofline_frac"]),
+                    fmt_bytes(r["kv_bytes_per_token"]),
+                    notes,
+                ]
+            )
+        headers = [
+            "Context",
+            "Batch",
+            "Mode",
+            *(["Kernel"] if show_kernel else []),
+            "Decode tok/s (median, min–max)",
+            "Ratio vs fp16",
+            "Peak GB",
+            "Peak Δ vs fp16 (GB, %)",
+            "Roofline fraction",
+            "KV bytes/token",
+            "Notes",
+        ]
+        align = "rrl" + ("l" if show_kernel else "") + "rrrrrrl"
+        out.append(md_table(headers, rows, align))
+        if computed:
+            out += ["", "\\* ratio computed by the report from the medians (the row had no `decode_ratio_vs_fp16`)."]
+        out.append("")
+    caps = [g for g in groups if not g.capacity.empty]
+    if caps:
+        out += ["## Capacity", ""]
+        for g in caps:
+            if g.multi:
+                out.append(g.heading())
+            out.append(_capacity_table(g))
+            out.append("")
+    return "\n".join(out).rstrip()
+
+
+def _bench_method_line(g: Group) -> str:
+    b = g.bench
+    bits = []
+    reps = sorted({int(x) for x in b["repeats"] if _isnum(x)})
+    gen = sorted({int(x) for x in b["gen_tokens"] if _isnum(x)})
+    warm = sorted({int(x) for x in b["warmup"] if _isnum(x)})
+    desc = "Decode tok/s is the median over " + (f"{'/'.join(map(str, reps))} repeats" if reps else "the repeats")
+    if gen:
+        desc += f" of {'/'.join(map(str, gen))} timed tokens"
+    if warm:
+        desc += f" after {'/'.join(map(str, warm))} warm-up tokens"
+    bits.append(desc + "; ratios are against fp16 at the same context and batch.")
+    kinds = _unique(b["peak_mem_kind"])
+    if kinds:
+        bits.append(f"Peak memory is {_peak_kind_text(kinds)}.")
+    bw = sorted({round(x) for x in b["bandwidth_gbs"] if _isnum(x)})
+    wb = sorted({x for x in b["weight_bytes"] if _isnum(x)})
+    if bw or wb:
+        s = "Roofline fraction = floor time / measured step time, floor = (weights + batch × KV bytes) / bandwidth"
+        if bw:
+            s += f"; measured bandwidth {'/'.join(f'{x:,} GB/s' for x in bw)}"
+        if wb:
+            s += f"; weights {'/'.join(f'{x / 1e9:.2f} GB' for x in wb)}"
+        bits.append(s + ".")
+    return " ".join(bits)
+
+
+def _capacity_table(g: Group) -> str:
+    c = g.capacity
+    rows = []
+    c = c.assign(_mk=c["kv_cache_mode"].map(mode_key))
+    for (_mk, mode, ctx), sub in c.groupby(["_mk", "kv_cache_mode", "context_tokens"], sort=True, dropna=False):
+        ok = sub[sub["status"].isin(["ok", ""]) & sub["batch"].notna()]
+        best = ok.sort_values("batch").iloc[-1] if len(ok) else None
+        fail = sub[sub["status"].isin(FAIL_STATUSES) & sub["batch"].notna()]
+        if best is not None:
+            fail = fail[fail["batch"] > best["batch"]]
+        first_fail = fail.sort_values("batch").iloc[0] if len(fail) else None
+        rows.append(
+            [
+                f"`{mode}`",
+                ctx_label(ctx),
+                fmt_int(best["batch"]) if best is not None else "none",
+                fmt_gb(best["peak_mem_gb"]) if best is not None else "—",
+                f"{fmt_int(first_fail['batch'])} ({first_fail['status']})" if first_fail is not None else "—",
+            ]
+        )
+    return "Largest batch that ran (status ok) in the capacity search.\n\n" + md_table(
+        ["Mode", "Context", "Max batch", "Peak GB at max", "First failing batch"], rows, "llrrr"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Plots
+
+
+def _figure(width: float, height: float):
+    import matplotlib
+
+    matplotlib.use("Agg")  # file output only; never a window
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=110)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _mode_colors(modes: list[str]) -> dict[str, tuple]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    colors = {}
+    for m in modes:
+        i = MODE_ORDER.index(m) if m in MODE_ORDER else len(MODE_ORDER) + order_modes(modes).index(m)
+        colors[m] = cmap(i % 10)
+    return colors
+
+
+def _save(fig, path: Path) -> None:
+    fig.savefig(path, format="png", metadata={"Software": None})
+
+
+def _ctx_axis(ax, ctxs: list[float]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ctxs)
+    ax.set_xticklabels([ctx_label(c) for c in ctxs])
+    from matplotlib.ticker import NullLocator
+
+    ax.xaxis.set_minor_locator(NullLocator())
+    if len(ctxs) == 1:
+        ax.set_xlim(ctxs[0] / 2, ctxs[0] * 2)
+    ax.set_xlabel("context (tokens)")
+    ax.grid(True, alpha=0.3)
+
+
+def _line_plot(g: Group, value: str, ylabel: str, title: str, path: Path, errors: bool) -> bool:
+    b = g.bench_ok()
+    b = b[b[value].notna() & b["context_tokens"].notna()] if len(b) else b
+    if b.empty:
+        return False
+    batches = sorted({x for x in b["batch"] if _isnum(x)}) or [float("nan")]
+    ncols = min(len(batches), 3)
+    nrows = math.ceil(len(batches) / ncols)
+    fig = _figure(5.2 * ncols + 1.6, 3.8 * nrows + 0.6)
+    colors = _mode_colors(g.modes)
+    failed = g.bench[g.bench["status"].isin(FAIL_STATUSES) & g.bench["context_tokens"].notna()]
+    failed = failed[failed["batch"].isin(batches)] if _isnum(batches[0]) else failed
+    ctxs = sorted(set(b["context_tokens"]) | set(failed["context_tokens"]))
+    handles = {}
+    for k, batch in enumerate(batches):
+        ax = fig.add_subplot(nrows, ncols, k + 1)
+        sub = b[b["batch"] == batch] if _isnum(batch) else b
+        for m in order_modes(sub["kv_cache_mode"]):
+            sm = sub[sub["kv_cache_mode"] == m]
+            kernels = sorted(set(sm["kernel"]))
+            for kern in kernels:
+                s = sm[sm["kernel"] == kern].sort_values("context_tokens")
+                s = s.drop_duplicates("context_tokens", keep="last")
+                label = m + (f" [{kern}]" if len(kernels) > 1 and kern else "")
+                style = "-" if kernels.index(kern) == 0 else "--"
+                x, y = s["context_tokens"].to_numpy(), s[value].to_numpy()
+                if errors and s["decode_tok_s_min"].notna().any():
+                    lo = (y - s["decode_tok_s_min"].fillna(pd.Series(y, index=s.index))).to_numpy()
+                    hi = (s["decode_tok_s_max"].fillna(pd.Series(y, index=s.index)) - y).to_numpy()
+                    h = ax.errorbar(
+                        x,
+                        y,
+                        yerr=[np.clip(lo, 0, None), np.clip(hi, 0, None)],
+                        marker="o",
+                        linestyle=style,
+                        color=colors[m],
+                        capsize=3,
+                        label=label,
+                    )
+                else:
+                    (h,) = ax.plot(x, y, marker="o", linestyle=style, color=colors[m], label=label)
+                handles.setdefault(label, h)
+        fails = failed[failed["batch"] == batch] if _isnum(batch) else failed
+        for r in fails.to_dict("records"):
+            # A cell that did not run: an x on the axis floor, labelled with its status.
+            m = r["kv_cache_mode"]
+            ax.plot(
+                r["context_tokens"],
+                0,
+                marker="x",
+                markersize=9,
+                mew=2,
+                color=colors.get(m, "gray"),
+                linestyle="none",
+                clip_on=False,
+            )
+            ax.annotate(
+                f"{m} {r['status']}",
+                (r["context_tokens"], 0),
+                xytext=(0, 8),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+                color=colors.get(m, "gray"),
+            )
+            if "did not run" not in handles:
+                from matplotlib.lines import Line2D
+
+                handles["did not run"] = Line2D([], [], marker="x", mew=2, color="gray", linestyle="none")
+        _ctx_axis(ax, ctxs)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"batch {int(batch)}" if _isnum(batch) else "all batches")
+        ax.set_ylim(bottom=0)
+    fig.suptitle(f"{title} — {g.label}", fontsize=11)
+    fig.legend(list(handles.values()), list(handles.keys()), loc="center right", title="KV mode", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1 - 1.5 / (5.2 * ncols + 1.6), 0.95))
+    _save(fig, path)
+    return True
+
+
+def _quality_plot(g: Group, path: Path) -> bool:
+    items = {k: q for k, q in g.quality.items() if k[0] != "fp16" and (_isnum(q.top1) or _isnum(q.kl))}
+    if not items:
+        return False
+    from matplotlib import colormaps
+
+    modes = order_modes(m for m, _c in items)
+    ctxs = sorted({c for _m, c in items if _isnum(c)})
+    cmap = colormaps["viridis"]
+    ctx_colors = {c: cmap(0.15 + 0.7 * i / max(1, len(ctxs) - 1)) for i, c in enumerate(ctxs)}
+    width = 0.8 / max(1, len(ctxs))
+    fig = _figure(max(7.0, 1.25 * len(modes) + 3), 7.2)
+    ax1, ax2 = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2)
+    kl_pos = [q.kl for q in items.values() if _isnum(q.kl) and q.kl > 0]
+    log_kl = bool(kl_pos) and max(kl_pos) / min(kl_pos) > 100
+    for j, c in enumerate(ctxs):
+        xs, top, kl = [], [], []
+        for i, m in enumerate(modes):
+            q = items.get((m, c))
+            xs.append(i + (j - (len(ctxs) - 1) / 2) * width)
+            top.append((q.top1 * 100 if q.top1 <= 1 else q.top1) if q and _isnum(q.top1) else np.nan)
+            kl.append(q.kl if q and _isnum(q.kl) else np.nan)
+        ax1.bar(xs, top, width, color=ctx_colors[c], label=ctx_label(c))
+        ax2.bar(xs, [np.nan if (log_kl and v <= 0) else v for v in kl], width, color=ctx_colors[c], label=ctx_label(c))
+        for x, v in zip(xs, top, strict=True):
+            if _isnum(v):
+                label = f"{v:.0f}" if v >= 99.95 else f"{v:.1f}"
+                ax1.annotate(
+                    label, (x, v), ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points"
+                )
+        for x, v in zip(xs, kl, strict=True):
+            if _isnum(v):
+                # Zero KL has no bar on a log axis: write the value at the foot of the axis instead.
+                at = (x, 0.01) if v <= 0 or log_kl else (x, v)
+                coords = ("data", "axes fraction") if v <= 0 or log_kl else "data"
+                ax2.annotate(
+                    fmt_kl(v),
+                    at,
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    xycoords=coords,
+                    xytext=(0, 1),
+                    textcoords="offset points",
+                )
+    for ax in (ax1, ax2):
+        ax.set_xticks(range(len(modes)))
+        ax.set_xticklabels(modes)
+        ax.set_xlim(-0.6, len(modes) - 0.4)
+        ax.grid(True, axis="y", alpha=0.3)
+    ax1.set_ylim(0, 108)
+    ax1.set_ylabel("top-1 agreement (%)")
+    ax1.set_title("Top-1 agreement with fp16 (higher is better)")
+    ax1.legend(title="context", fontsize=8, loc="lower left")
+    if log_kl:
+        ax2.set_yscale("log")
+    else:
+        ax2.set_ylim(bottom=0)
+    ax2.set_ylabel("KL divergence (nats)")
+    ax2.set_xlabel("KV mode")
+    ax2.set_title("KL divergence from fp16 (lower is better)")
+    fig.suptitle(f"Output quality vs fp16 — {g.label}", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    _save(fig, path)
+    return True
+
+
+def _niah_plot(g: Group, path: Path) -> bool:
+    rows = g.audit[(g.audit["check"] == "niah") & g.audit["niah_hit"].notna()]
+    if rows.empty:
+        return False
+    ctxs, depths, grids = _niah_grid(rows)
+    if not ctxs or not depths:
+        return False
+    n = len(grids)
+    ncols = min(n, 3)
+    nrows = math.ceil(n / ncols)
+    fig = _figure(3.6 * ncols + 1.2, 0.5 * len(depths) * nrows + 1.6 * nrows + 0.6)
+    im = None
+    axes = []
+    for k, (m, (hits, counts)) in enumerate(grids.items()):
+        ax = fig.add_subplot(nrows, ncols, k + 1)
+        axes.append(ax)
+        rate = np.where(counts > 0, hits / np.maximum(counts, 1), np.nan)
+        im = ax.imshow(rate, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+        for i in range(len(depths)):
+            for j in range(len(ctxs)):
+                if counts[i, j]:
+                    ax.text(j, i, f"{int(hits[i, j])}/{counts[i, j]}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(ctxs)))
+        ax.set_xticklabels([ctx_label(c) for c in ctxs])
+        ax.set_yticks(range(len(depths)))
+        ax.set_yticklabels([fmt_depth(d) for d in depths])
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel("needle depth")
+        ax.set_title(m)
+    fig.suptitle(f"Needle in a haystack: hit rate — {g.label}", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 0.9, 0.93))
+    cax = fig.add_axes((0.91, 0.15, 0.02, 0.7))
+    fig.colorbar(im, cax=cax, label="hit rate")
+    _save(fig, path)
+    return True
+
+
+def make_plots(g: Group, out_dir: Path) -> list[tuple[str, str]]:
+    """(title, file name) of each plot written for the group."""
+    made = []
+    name = f"report_decode_tok_s{g.suffix}.png"
+    if _line_plot(
+        g, "decode_tok_s", "decode tok/s (median, min–max)", "Decode speed vs context", out_dir / name, errors=True
+    ):
+        made.append(("Decode tok/s vs context per mode", name))
+    name = f"report_peak_mem{g.suffix}.png"
+    kinds = _unique(g.bench["peak_mem_kind"]) if len(g.bench) else []
+    ylabel = "peak memory (GB)" + (f" [{', '.join(kinds)}]" if kinds else "")
+    if _line_plot(g, "peak_mem_gb", ylabel, "Peak memory vs context", out_dir / name, errors=False):
+        made.append(("Peak memory vs context per mode", name))
+    name = f"report_quality{g.suffix}.png"
+    if _quality_plot(g, out_dir / name):
+        made.append(("Top-1 agreement and KL vs fp16 per mode and context", name))
+    name = f"report_niah{g.suffix}.png"
+    if _niah_plot(g, out_dir / name):
+        made.append(("Needle-in-a-haystack hit rate by depth and context", name))
+    return made
+
+
+def section_plots(groups: list[Group], plots: dict[int, list[tuple[str, str]]]) -> str:
+    out = ["## Plots", ""]
+    if not any(plots.values()):
+        out.append("No plottable rows.")
+    for g in groups:
+        if not plots.get(g.index):
+            continue
+        if g.multi:
+            out.append(g.heading())
+        for title, name in plots[g.index]:
+            out += [f"### {title}" if not g.multi else f"**{title}**", "", f"![{title}]({name})", ""]
+    return "\n".join(out).rstrip()
+
+
+# ---------------------------------------------------------------------------
+# Recommendation
+
+
+def section_recommendation(groups: list[Group]) -> str:
+    out = ["## Recommendation", ""]
+    for g in groups:
+        out.append(f"### {g.label}" if g.multi else f"For **{g.label}**:")
+        out.append("")
+        out += [f"- {line}" for line in _recommend(g)]
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def _describe_bad(g: Group, m: str) -> str:
+    qs = [q for q in g.mode_quality(m) if q.kind in BAD_KINDS]
+    bits = []
+    for q in qs:
+        metrics = quality_metrics(q)
+        bits.append(f"{q.text} at {ctx_label(q.context)}" + (f" ({metrics})" if metrics else ""))
+    return f"`{m}`: " + "; ".join(bits)
+
+
+def _recommend(g: Group) -> list[str]:
+    lines = []
+    audited = bool(g.quality)
+    bok = g.bench_ok()
+    if not audited:
+        lines.append("No audit rows: output quality is unknown; run `kvbench audit` before trusting a quantized mode.")
+    # Fastest quality-keeping mode per batch and context.
+    pick = None
+    for batch in sorted({x for x in bok["batch"] if _isnum(x)}) if len(bok) else []:
+        items = []
+        for ctx in sorted({x for x in bok[bok["batch"] == batch]["context_tokens"] if _isnum(x)}):
+            at = bok[(bok["batch"] == batch) & (bok["context_tokens"] == ctx)]
+            cands = []
+            for r in at.to_dict("records"):
+                ok, caveat = g.quality_ok(r["kv_cache_mode"], ctx)
+                if ok or (not audited):
+                    cands.append((r["decode_tok_s"], r, caveat))
+            if not cands:
+                continue
+            cands.sort(key=lambda t: (t[0], -mode_key(t[1]["kv_cache_mode"])[0]))
+            tok, best, caveat = cands[-1]
+            m = best["kv_cache_mode"]
+            text = f"{ctx_label(ctx)}: `{m}` {fmt_tok(tok)} tok/s"
+            if m != "fp16" and _isnum(best["_ratio"]):
+                text += f" ({fmt_ratio(best['_ratio'])} fp16)"
+            elif m != "fp16" and best["_fp16_status"]:
+                text += f" (fp16: {best['_fp16_status']})"
+            if caveat:
+                text += f" [{caveat}]"
+            if m == "fp16":
+                quant = [t for t in cands if t[1]["kv_cache_mode"] != "fp16"]
+                if quant:
+                    qt = quant[-1][1]
+                    text += f" (best quantized: `{qt['kv_cache_mode']}` at {fmt_ratio(qt['_ratio'])})"
+            items.append(text)
+            if batch == g.ref_batch:
+                pick = (ctx, best)
+        if items:
+            what = "Fastest mode" + (" with fp16-quality output" if audited else " (quality not audited)")
+            lines.append(f"{what}, batch {int(batch)}: " + "; ".join(items) + ".")
+    if len(bok) == 0:
+        lines.append("No completed benchmark rows: speed and memory recommendations need `kvbench decode-bench`.")
+
+    # Memory: the smallest KV footprint that keeps quality.
+    ctx_max = max(bok["context_tokens"].dropna()) if len(bok) else None
+    all_ctx = g.contexts(g.bench) + g.contexts(g.audit)
+    ref_ctx = ctx_max if ctx_max is not None else (max(all_ctx) if all_ctx else None)
+    fp_bytes = g.kv_per_token("fp16", ref_ctx)
+    mem = []
+    for m in g.modes:
+        if m == "fp16":
+            continue
+        ok, caveat = g.quality_ok(m, ref_ctx)
+        kb = g.kv_per_token(m, ref_ctx)
+        if ok and _isnum(kb):
+            mem.append((kb, m, caveat))
+    if mem:
+        kb, m, caveat = sorted(mem, key=lambda t: (t[0], mode_key(t[1])))[0]
+        text = f"Best memory saving that keeps fp16 quality: `{m}` holds {fmt_bytes(kb)} of KV per token"
+        if _isnum(fp_bytes) and kb > 0:
+            text += f" vs {fmt_bytes(fp_bytes)} for fp16 ({fp_bytes / kb:.2f}x less)"
+        at = bok[(bok["kv_cache_mode"] == m) & (bok["context_tokens"] == ctx_max) & (bok["batch"] == g.ref_batch)]
+        if len(at) and _isnum(at["peak_mem_gb"].iloc[-1]):
+            r = at.iloc[-1]
+            text += f"; peak at {ctx_label(ctx_max)}, batch {fmt_int(g.ref_batch)}: {fmt_gb(r['peak_mem_gb'])} GB"
+            if _isnum(r["_fp16_peak"]):
+                text += f" vs {fmt_gb(r['_fp16_peak'])} GB for fp16"
+                if _isnum(r["_peak_delta_pct"]):
+                    text += f" ({r['_peak_delta_pct']:+.1f}%)"
+        if caveat:
+            text += f" [{caveat}]"
+        lines.append(text + ".")
+    # Capacity
+    if not g.capacity.empty:
+        c = g.capacity[g.capacity["status"].isin(["ok", ""]) & g.capacity["batch"].notna()]
+        if len(c):
+            cmax = max(c["context_tokens"].dropna()) if c["context_tokens"].notna().any() else None
+            sub = c[c["context_tokens"] == cmax] if cmax is not None else c
+            best = sub.groupby("kv_cache_mode")["batch"].max()
+            bits = [f"`{m}` batch {int(best[m])}" for m in order_modes(best.index)]
+            lines.append(f"Capacity at {ctx_label(cmax)}: " + ", ".join(bits) + ".")
+    # Avoid
+    avoid = [_describe_bad(g, m) for m in g.modes if any(q.kind in BAD_KINDS for q in g.mode_quality(m))]
+    if avoid:
+        lines.append("Avoid on this setup: " + "; ".join(avoid) + ".")
+    fails = []
+    for m in g.modes:
+        recs = g.rows_for(m)
+        recs = recs[recs["status"].isin(["oom", "error"])]
+        if len(recs):
+            where = []
+            for r in recs.to_dict("records"):
+                w = f"{r['status']} at {_row_where(r)}"
+                if w not in where:
+                    where.append(w)
+            fails.append(f"`{m}` ({', '.join(where)})")
+    if fails:
+        lines.append("Did not complete: " + "; ".join(fails) + ".")
+    fb = []
+    for m in g.modes:
+        eff = _unique(e for e in g.rows_for(m)["effective_mode"] if e and e != m)
+        if eff:
+            fb.append(f"`{m}` ran as `{'/'.join(eff)}`")
+    if fb:
+        lines.append("Fallback: " + "; ".join(fb) + " on this model; its rows measure the mode that actually ran.")
+    if pick is not None:
+        ctx, best = pick
+        m = best["kv_cache_mode"]
+        if m == "fp16":
+            saving = [t for t in mem] if mem else []
+            text = (
+                f"Pick: `fp16` is the fastest fp16-quality choice at {ctx_label(ctx)} (batch {fmt_int(g.ref_batch)})"
+                if audited
+                else f"Pick: `fp16` is the fastest at {ctx_label(ctx)} (batch {fmt_int(g.ref_batch)})"
+            )
+            if saving:
+                kb, sm, _ = sorted(saving, key=lambda t: (t[0], mode_key(t[1])))[0]
+                text += f"; use `{sm}` when KV memory is the limit"
+            lines.append(text + ".")
+        else:
+            lines.append(
+                f"Pick: `{m}` at {ctx_label(ctx)} (batch {fmt_int(g.ref_batch)}): {fmt_ratio(best['_ratio'])} fp16 decode"
+                + (" with fp16-quality output." if audited else " (quality not audited).")
+            )
+    if not lines:
+        lines.append("Not enough data for a recommendation.")
+    return lines
+
+
+# ---------------------------------------------------------------------------
+# Raw data links and entry point
+
+
+def _rel(path: Path, start: Path) -> str:
+    try:
+        return Path(os.path.relpath(Path(path).resolve(), Path(start).resolve())).as_posix()
+    except ValueError:  # another drive on Windows
+        return Path(path).resolve().as_posix()
+
+
+def section_links(data: Results, out_dir: Path) -> str:
+    out = ["## Raw data", ""]
+    counts = {}
+    for name, df in (("audit", data.audit), ("bench", data.bench), ("runs", data.runs)):
+        for src, n in df["_source"].value_counts().items():
+            counts[(src, name)] = n
+    for p in data.csv_files:
+        rel = _rel(p, out_dir)
+        n = counts.get((str(p.parent), p.stem))
+        kind = {"audit": "audit rows", "bench": "benchmark rows", "runs": "command runs"}.get(p.stem)
+        desc = f" ({n} {kind})" if kind and n is not None else (" (not read by the report)" if not kind else "")
+        out.append(f"- [{rel}]({rel}){desc}")
+    if not data.csv_files:
+        out.append("- none")
+    return "\n".join(out)
+
+
+def render_report(results_dirs: list[Path], out_dir: Path | None = None) -> Path:
+    """Read the CSVs of `results_dirs`, write `report.md` and its PNGs into `out_dir` (default: the first folder)."""
+    if isinstance(results_dirs, (str, os.PathLike)):
+        results_dirs = [results_dirs]
+    dirs = [Path(d) for d in results_dirs]
+    if not dirs:
+        raise KvbenchError("no results folder given")
+    data = load_results(dirs)
+    if data.audit.empty and data.bench.empty:
+        raise KvbenchError(f"no audit.csv or bench.csv rows in {', '.join(str(d) for d in dirs)}")
+    out = Path(out_dir) if out_dir is not None else dirs[0]
+    out.mkdir(parents=True, exist_ok=True)
+    groups = build_groups(data)
+    plots = {g.index: make_plots(g, out) for g in groups}
+    sections = [
+        section_header(data, groups, out),
+        section_summary(groups),
+        section_audit(groups),
+        section_quality_matrix(groups),
+        section_checks(groups),
+        section_statuses(data),
+        section_bench(groups),
+        section_plots(groups, plots),
+        section_recommendation(groups),
+        section_links(data, out),
+    ]
+    text = "\n\n".join(s.strip() for s in sections if s.strip()) + "\n"
+    path = out / "report.md"
+    path.write_text(text)
+    return path

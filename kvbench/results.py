@@ -1,0 +1,285 @@
+"""Row schemas, provenance, and durable result files.
+
+Every finished cell is appended as one complete line (write, flush, fsync), so
+an interrupted sweep never leaves a partial row; files are created at the first
+row, so a run refused before any work leaves nothing behind. JSON lines are
+written beside the CSV for other tools.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import io
+import json
+import os
+import platform
+import subprocess
+from functools import cache
+from pathlib import Path
+
+import kvbench
+
+PROVENANCE_COLUMNS = [
+    "device",
+    "driver",
+    "torch_version",
+    "triton_version",
+    "transformers_version",
+    "kvbench_version",
+    "git_commit",
+    "model",
+    "model_hash",
+]
+
+AUDIT_COLUMNS = [
+    "date",
+    "device",
+    "model",
+    "kv_cache_mode",
+    "effective_mode",
+    "context_tokens",
+    "gen_tokens",
+    "status",
+    "verdict",
+    "identical_to_fp16",
+    "first_divergence",
+    "near_tie",
+    "token_match",
+    "top1_agreement",
+    "kl_div",
+    "ppl",
+    "ppl_delta",
+    "degenerate",
+    "degenerate_reason",
+    "kv_bytes",
+    "kv_bytes_per_token",
+    "kernel",
+    "kernel_agrees",
+    "output_text",
+    "notes",
+    "check",
+    "max_kv_size",
+    "keep",
+    "cached_tokens",
+    "niah_depth",
+    "niah_hit",
+    "batch",
+    "dtype",
+    "prefill_chunk",
+    "boundary_v",
+    "synthetic",
+    "elapsed_s",
+    *[c for c in PROVENANCE_COLUMNS if c not in ("device", "model")],
+]
+
+BENCH_COLUMNS = [
+    "date",
+    "device",
+    "model",
+    "context_tokens",
+    "gen_tokens",
+    "kv_cache_mode",
+    "prefill_ms",
+    "prefill_tok_s",
+    "decode_ms",
+    "decode_tok_s",
+    "peak_mem_gb",
+    "prefill_chunk",
+    "notes",
+    "batch",
+    "effective_mode",
+    "decode_ratio_vs_fp16",
+    "kv_bytes",
+    "kv_bytes_per_token",
+    "roofline_frac",
+    "repeats",
+    "decode_tok_s_min",
+    "decode_tok_s_max",
+    "kernel",
+    "cuda_graphs",
+    "status",
+    "peak_mem_kind",
+    "peak_delta_gb",
+    "weight_bytes",
+    "bandwidth_gbs",
+    "floor_ms",
+    "step_ms",
+    "prefill_source",
+    "max_kv_size",
+    "keep",
+    "warmup",
+    "dtype",
+    "boundary_v",
+    "synthetic",
+    *[c for c in PROVENANCE_COLUMNS if c not in ("device", "model")],
+]
+
+STATUSES = ("ok", "diverged", "degenerate", "fallback", "oom", "error", "skipped")
+
+
+def today() -> str:
+    return _dt.date.today().isoformat()
+
+
+def now() -> str:
+    return _dt.datetime.now().isoformat(timespec="seconds")
+
+
+@cache
+def git_commit() -> str:
+    here = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        commit = out.stdout.strip()
+        if not commit:
+            return "unknown"
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def device_name(device) -> str:
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU {cpu} ({os.cpu_count()} cores)"
+
+
+@cache
+def _driver() -> str:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return ""
+
+
+def provenance(device, model_id: str, model_hash: str) -> dict:
+    import torch
+    import transformers
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = ""
+    return {
+        "device": device_name(device),
+        "driver": _driver() if torch.device(device).type == "cuda" else "",
+        "torch_version": torch.__version__,
+        "triton_version": triton_version,
+        "transformers_version": transformers.__version__,
+        "kvbench_version": kvbench.__version__,
+        "git_commit": git_commit(),
+        "model": model_id,
+        "model_hash": model_hash,
+    }
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return ""
+        return f"{value:.6g}"
+    return str(value)
+
+
+class ResultsWriter:
+    """Appends rows durably to `<dir>/<stem>.csv` (and `.jsonl`)."""
+
+    def __init__(self, directory: Path, stem: str, columns: list[str], formats=("csv", "json")) -> None:
+        self.directory = Path(directory)
+        self.stem = stem
+        self.columns = columns
+        self.formats = tuple(formats)
+
+    @property
+    def csv_path(self) -> Path:
+        return self.directory / f"{self.stem}.csv"
+
+    @property
+    def json_path(self) -> Path:
+        return self.directory / f"{self.stem}.jsonl"
+
+    def _append(self, path: Path, text: str, header: str | None) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        new = not path.exists() or path.stat().st_size == 0
+        # One write of whole lines, then fsync: a crash leaves the file at a line boundary.
+        payload = (header if (new and header) else "") + text
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, payload.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def write(self, row: dict) -> None:
+        unknown = set(row) - set(self.columns)
+        if unknown:
+            raise ValueError(f"unknown columns {sorted(unknown)}")
+        if "csv" in self.formats:
+            buf = io.StringIO()
+            w = csv.writer(buf, lineterminator="\n")
+            w.writerow([_fmt(row.get(c)) for c in self.columns])
+            head = io.StringIO()
+            csv.writer(head, lineterminator="\n").writerow(self.columns)
+            self._check_header()
+            self._append(self.csv_path, buf.getvalue(), head.getvalue())
+        if "json" in self.formats:
+            self._append(self.json_path, json.dumps({c: row.get(c) for c in self.columns}, default=str) + "\n", None)
+
+    def _check_header(self) -> None:
+        p = self.csv_path
+        if p.exists() and p.stat().st_size:
+            with open(p, newline="") as f:
+                header = next(csv.reader(f), [])
+            if header != self.columns:
+                raise ValueError(f"{p} has different columns; write to a new --out folder")
+
+    def existing_rows(self) -> list[dict]:
+        if not self.csv_path.exists():
+            return []
+        with open(self.csv_path, newline="") as f:
+            return list(csv.DictReader(f))
+
+
+def default_out_dir(device) -> Path:
+    import torch
+
+    dev = torch.device(device)
+    tag = "cpu"
+    if dev.type == "cuda":
+        tag = torch.cuda.get_device_name(dev).split()[-1].lower()
+    return Path("results") / f"{today()}-{tag}"

@@ -1,0 +1,152 @@
+"""A job's resolved setup: the model on its device, the modes, the contexts,
+provenance, and the result writers. Everything that can be refused is refused
+here, before any work or any file is written."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from kvbench import results
+from kvbench.config import AuditConfig, BenchConfig
+from kvbench.engine.weights import LoadedModel, fit_context, load_model
+from kvbench.errors import KvbenchError
+from kvbench.kv import registry
+from kvbench.runtime import available_bytes, dtype_name, pick_device, pick_dtype, pick_kernel
+
+
+@dataclass
+class Session:
+    cfg: AuditConfig | BenchConfig
+    job: str
+    device: torch.device
+    dtype: torch.dtype
+    kernel: str
+    modes: list[str]
+    contexts: list[int]
+    lm: LoadedModel
+    out_dir: Path
+    base_row: dict
+    notes: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+
+    # -------------------------------------------------------------- construction
+    @classmethod
+    def open(cls, cfg, job: str, log=print) -> Session:
+        for plugin in cfg.plugin:
+            added = registry.load_plugin(plugin)
+            log(f"plugin {plugin}: registered {', '.join(added) or 'no new modes'}")
+        modes = registry.parse_modes(cfg.modes)
+        if "fp16" in modes:
+            modes.remove("fp16")
+        modes = ["fp16", *modes]  # the reference always runs, first
+        device = pick_device(cfg.device)
+        dtype = pick_dtype(cfg.dtype, device)
+        kernel = pick_kernel(cfg.kernel, device)
+        notes = []
+        contexts = cfg.contexts
+        if contexts is None:
+            if device.type == "cuda":
+                contexts = [2048, 8192, 32768]
+            else:
+                contexts = [2048, 8192]
+                notes.append("CPU default contexts 2K and 8K (32K takes many minutes per mode on CPU; pass --contexts)")
+        lm = load_model(cfg.model, device=device, dtype=dtype, progress=log)
+        self = cls(
+            cfg=cfg,
+            job=job,
+            device=device,
+            dtype=dtype,
+            kernel=kernel,
+            modes=modes,
+            contexts=list(contexts),
+            lm=lm,
+            out_dir=Path(cfg.out) if cfg.out else results.default_out_dir(device),
+            base_row={},
+            notes=notes,
+        )
+        self.base_row = {
+            **results.provenance(device, lm.model_id, lm.weights_hash),
+            "date": results.today(),
+            "dtype": dtype_name(dtype),
+            "prefill_chunk": cfg.prefill_chunk,
+            "synthetic": lm.synthetic,
+            "kernel": kernel,
+        }
+        self._check_feasible()
+        return self
+
+    def total_positions(self, context: int) -> int:
+        cfg = self.cfg
+        if isinstance(cfg, BenchConfig):
+            return context + cfg.warmup + cfg.gen * cfg.repeats
+        return context + cfg.gen_tokens
+
+    def _check_feasible(self) -> None:
+        """Refuse contexts the model's RoPE or the memory cannot hold (one line each)."""
+        a = self.lm.args
+        batch = max(getattr(self.cfg, "batch", [1]))
+        elem = torch.finfo(self.dtype).bits // 8
+        avail = available_bytes(self.device)
+        for ctx in self.contexts:
+            fit_context(self.lm, self.total_positions(ctx), self.cfg.yarn)
+            kv = a.kv_bytes_per_token_fp16(elem) * self.total_positions(ctx) * batch
+            # the cheapest mode stores ~1/4 of fp16; on CPU an OOM kills the process, so be strict there
+            need = kv if self.device.type == "cpu" else kv / 4
+            if need > avail * 0.9:
+                raise KvbenchError(
+                    f"context {ctx} x batch {batch} needs ~{need / 1e9:.1f} GB of KV cache; "
+                    f"only {avail / 1e9:.1f} GB is free on {self.device}"
+                )
+        self.lm.model.set_rope(a.hf_config)
+
+    # ----------------------------------------------------------------- helpers
+    def caches(self, mode: str, *, batch: int = 1, capacity: int = 0) -> list:
+        a = self.lm.args
+        return registry.build_caches(
+            mode,
+            n_layers=a.n_layers,
+            batch=batch,
+            n_kv_heads=a.n_kv_heads,
+            head_dim=a.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+            capacity=capacity,
+            boundary_v=self.cfg.boundary_v,
+            kernel=self.kernel,
+        )
+
+    def resolve(self, mode: str) -> registry.Resolution:
+        return registry.resolve_for_model(mode, self.lm.model_type, no_fallback=self.cfg.no_fallback)
+
+    def boundary_v(self, mode: str) -> int:
+        cls = registry.get(mode)
+        if not cls.boundary_v_applies:
+            return 0
+        n = self.cfg.boundary_v if self.cfg.boundary_v is not None else getattr(cls, "default_boundary_v", 2)
+        return min(n, self.lm.args.n_layers // 2)
+
+    def writer(self, stem: str, columns: list[str]) -> results.ResultsWriter:
+        return results.ResultsWriter(self.out_dir, stem, columns, formats=self.cfg.formats)
+
+    def record_run(self, wall_s: float) -> None:
+        w = results.ResultsWriter(self.out_dir, "runs", RUN_COLUMNS, formats=("csv",))
+        w.write(
+            {
+                "date": results.now(),
+                "job": self.job,
+                "command": " ".join(["kvbench", *sys.argv[1:]]),
+                "device": self.base_row["device"],
+                "model": self.lm.model_id,
+                "kvbench_version": self.base_row["kvbench_version"],
+                "git_commit": self.base_row["git_commit"],
+                "wall_s": round(wall_s, 1),
+            }
+        )
+
+
+RUN_COLUMNS = ["date", "job", "command", "device", "model", "kvbench_version", "git_commit", "wall_s"]

@@ -1,0 +1,25 @@
+import os
+
+# Triton kernels run on CPU tensors through the interpreter; this must be set
+# before any kernel is defined.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """The embedded SmolLM2 in fp32 on CPU (converted once per machine, then cached)."""
+    from kvbench.engine.weights import load_model
+
+    return load_model(None, device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture
+def seed():
+    """A fresh seed per test run (printed on failure), so random checks vary across runs."""
+    s = int.from_bytes(os.urandom(4), "little")
+    torch.manual_seed(s)
+    return s

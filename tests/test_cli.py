@@ -1,0 +1,119 @@
+"""The three commands end to end on a tiny dummy model, and bad input."""
+
+import csv
+
+import pytest
+from typer.testing import CliRunner
+
+from kvbench.cli import app, main
+from kvbench.results import AUDIT_COLUMNS, BENCH_COLUMNS
+
+runner = CliRunner()
+
+
+def run(args, expect=0):
+    result = runner.invoke(app, args, catch_exceptions=True)
+    if expect is not None:
+        assert result.exit_code == expect, result.output + repr(result.exception)
+    return result
+
+
+def read(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_audit_bench_report_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    common = ["--model", "dummy:tiny", "--out", str(out), "--quiet", "--modes", "fp16,int8", "--contexts", "40,70"]
+    run(
+        [
+            "audit",
+            *common,
+            "--gen-tokens",
+            "6",
+            "--prefill-chunk",
+            "32",
+            "--ppl",
+            "--ppl-windows",
+            "1",
+            "--ppl-chunk",
+            "16",
+        ]
+    )
+    rows = read(out / "audit.csv")
+    assert list(rows[0]) == AUDIT_COLUMNS
+    greedy = [r for r in rows if r["check"] == "greedy"]
+    assert {(r["kv_cache_mode"], r["context_tokens"]) for r in greedy} == {
+        (m, c) for m in ("fp16", "int8") for c in ("40", "70")
+    }
+    assert all(r["status"] in ("ok", "diverged", "degenerate") for r in greedy)
+    assert all(r["synthetic"] == "true" for r in rows)
+    ppl = [r for r in rows if r["check"] == "ppl"]
+    assert ppl and all(r["status"] == "skipped" for r in ppl)  # no tokenizer for dummy models
+    run(["decode-bench", *common, "--batch", "1,2", "--gen", "3", "--warmup", "1", "--repeats", "2"])
+    bench = read(out / "bench.csv")
+    assert list(bench[0]) == BENCH_COLUMNS
+    assert len(bench) == 2 * 2 * 2
+    for r in bench:
+        assert r["status"] == "ok", r["notes"]
+        assert float(r["decode_tok_s"]) > 0 and float(r["kv_bytes"]) > 0
+        assert float(r["decode_tok_s_min"]) <= float(r["decode_tok_s"]) <= float(r["decode_tok_s_max"])
+        assert r["peak_mem_kind"] == "cpu_peak_rss"
+        if r["kv_cache_mode"] == "fp16":
+            assert float(r["decode_ratio_vs_fp16"]) == 1.0
+        assert "random K/V" in r["notes"]
+    int8 = [r for r in bench if r["kv_cache_mode"] == "int8"]
+    fp16 = [r for r in bench if r["kv_cache_mode"] == "fp16"]
+    assert float(int8[0]["kv_bytes_per_token"]) < 0.6 * float(fp16[0]["kv_bytes_per_token"])
+    assert (out / "runs.csv").exists() and (out / "audit.jsonl").exists()
+    result = run(["report", str(out)])
+    assert (out / "report.md").exists()
+    assert "report.md" in result.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["audit", "--modes", "int9"], "unknown KV mode 'int9'"),
+        (["audit", "--model", "/nonexistent/model"], "model not found"),
+        (["audit", "--model", "dummy:nope"], "unknown dummy preset"),
+        (["audit", "--contexts", "abc"], "not a whole number"),
+        (["audit", "--contexts", "0"], "must be positive"),
+        (["audit", "--contexts", "-5"], "must be positive"),
+        (["audit", "--model", "dummy:tiny", "--contexts", "100000000"], "exceeds|needs"),
+        (["decode-bench", "--model", "dummy:tiny", "--batch", "0"], "must be positive"),
+        (["audit", "--model", "dummy:tiny", "--dtype", "int3"], "dtype"),
+        (["audit", "--config", "/nonexistent.toml"], "config file not found"),
+        (["report", "/nonexistent/dir"], "results folder not found"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(args, message, tmp_path, capsys, monkeypatch):
+    import re
+    import sys
+
+    out = tmp_path / "out"
+    full = [*args, "--out", str(out)] if args[0] != "report" else args
+    monkeypatch.setattr(sys, "argv", ["kvbench", *full])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code != 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert "Traceback" not in err
+    assert re.search(message, err), err
+    assert not out.exists(), "no partial results on bad input"
+
+
+def test_help_teaches_every_option():
+    for cmd in ("audit", "decode-bench", "report"):
+        result = run([cmd, "--help"])
+        assert "Usage" in result.output
+    text = run(["decode-bench", "--help"]).output
+    for opt in ("--batch", "--warmup", "--gen", "--repeats", "--contexts", "--modes", "--model"):
+        assert opt in text
+
+
+def test_modes_lists_registry():
+    result = run(["modes"])
+    assert "fp16" in result.output and "int8" in result.output

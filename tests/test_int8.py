@@ -1,0 +1,60 @@
+import pytest
+import torch
+
+from kvbench.kv.int8 import Int8Cache, dequantize_int8, quantize_int8
+
+
+def _check_within_step(x):
+    q, s = quantize_int8(x)
+    xh = dequantize_int8(q, s, torch.float32)
+    step = x.abs().amax(-1, keepdim=True) / 127
+    err = (xh - x.float()).abs()
+    assert (err <= step * (1 + 1e-5) + 1e-30).all(), (err / step.clamp_min(1e-30)).max()
+    return q, s, xh
+
+
+@pytest.mark.parametrize("magnitude", [1e-3, 1e-6, 1.0, 300.0])
+def test_every_coordinate_within_one_step(seed, magnitude):
+    x = torch.randn(2, 3, 17, 64) * magnitude
+    _check_within_step(x)
+
+
+def test_adversarial_inputs(seed):
+    x = torch.randn(4, 128) * 1e-3
+    x[0, 5] = 50.0  # one huge outlier
+    x[1] = torch.where(torch.arange(128) % 2 == 0, 1e-4, -1e-4)  # mixed signs, tiny
+    x[2] = 0.0
+    x[2, 0] = 1e-7
+    _, s, _ = _check_within_step(x)
+    # a tiny nonzero scale stays tiny: no floor
+    assert s[1].item() == pytest.approx(1e-4 / 127, rel=1e-6)
+    assert s[2].item() == pytest.approx(1e-7 / 127, rel=1e-6)
+
+
+def test_zero_token_comes_back_exact_zeros():
+    x = torch.zeros(3, 64)
+    _, s, xh = _check_within_step(x)
+    assert torch.equal(xh, torch.zeros_like(xh))
+    assert (s == 1.0).all()  # the zero guard, and only there
+
+
+def test_old_scale_floor_would_fail():
+    """The seed engine's `scale = max(scale, 1.0)` rounds small values to integers."""
+    x = torch.randn(8, 64) * 0.05
+    scale = (x.abs().amax(-1, keepdim=True) / 127).clamp_min(1.0)
+    floored = torch.round(x / scale).clamp(-127, 127) * scale
+    step = x.abs().amax(-1, keepdim=True) / 127
+    assert ((floored - x).abs() > step).any()  # the old behaviour breaks the bound ...
+    _check_within_step(x)  # ... which ours keeps
+
+
+def test_cache_roundtrip_and_bytes(seed):
+    c = Int8Cache(batch=1, n_kv_heads=2, head_dim=128, dtype=torch.float16, device="cpu")
+    k, v = torch.randn(1, 2, 10, 128).half(), torch.randn(1, 2, 10, 128).half()
+    c.append(k, v)
+    kh, _ = c.dequantized()
+    step = k.float().abs().amax(-1, keepdim=True) / 127
+    assert ((kh.float() - k.float()).abs() <= step * 1.01 + 1e-3).all()
+    # 128 int8 + 4-byte scale per token-head, for K and V, 2 heads
+    assert c.bytes_per_token() == 2 * 2 * (128 + 4)
+    assert c.nbytes() == 10 * 2 * 2 * (128 + 4)

@@ -1,0 +1,63 @@
+import torch
+
+from kvbench import quality
+
+LOOP = "the function of the function of the function of the function of the function of the function of the"
+ECHO = (
+    "Which planet is the closest to the Sun, and which planet is the closest to the Sun, and which planet "
+    "is the closest to the Sun, and which planet is the closest"
+)
+QUESTION = "Which planet is the closest to the Sun, and what is special about the planet Saturn?"
+HEALTHY = [
+    # SmolLM2-135M-Instruct, greedy, kvbench fp16 on CPU, 2K-token audit prompt
+    "The main characters in the passage are Emma Woodhouse, Mr. Knightley, and Harriet Smith. Emma is a young "
+    "woman who is trying to find a husband for Harriet, while Mr. Knightley is a family friend who disapproves.",
+    # the bundled novel
+    "Emma Woodhouse, handsome, clever, and rich, with a comfortable home and happy disposition, seemed to unite "
+    "some of the best blessings of existence; and had lived nearly twenty-one years in the world with very "
+    "little to distress or vex her.",
+    "Mercury is the closest planet to the Sun. Saturn is special because of its bright rings, which are made of "
+    "ice and rock, and because it is the least dense planet in the solar system.",
+]
+
+
+def test_function_of_loop_is_caught():
+    d = quality.detect_degenerate(LOOP)
+    assert d.degenerate and "repeated" in d.reason
+
+
+def test_echoed_question_is_caught():
+    d = quality.detect_degenerate(ECHO, question=QUESTION)
+    assert d.degenerate and "question" in d.reason
+    # even without knowing the question, the loop is caught
+    assert quality.detect_degenerate(ECHO).degenerate
+
+
+def test_healthy_text_passes():
+    for text in HEALTHY:
+        d = quality.detect_degenerate(text, question=QUESTION)
+        assert not d.degenerate, (text, d.reason)
+
+
+def test_short_text_is_not_judged():
+    assert not quality.detect_degenerate("Paris.").degenerate
+
+
+def test_token_loops_without_tokenizer():
+    assert quality.detect_degenerate(tokens=[5, 6, 7] * 10).degenerate
+    assert not quality.detect_degenerate(tokens=list(range(40))).degenerate
+
+
+def test_divergence_and_agreement():
+    assert quality.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert quality.first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert quality.token_match([1, 2, 3, 4], [1, 5, 3, 4]) == 0.75
+    logits = torch.tensor([[0.0, 5.0], [3.0, 0.0]])
+    assert quality.top1_agreement(torch.tensor([1, 1]), logits) == 0.5
+
+
+def test_kl_zero_for_identical_and_positive_otherwise(seed):
+    a = torch.randn(5, 50)
+    assert quality.kl_divergence(a, a) < 1e-6
+    assert quality.kl_divergence(a, a + torch.randn(5, 50)) > 0.01
+    assert abs(quality.top2_margin(torch.tensor([1.0, 3.0, 2.5])) - 0.5) < 1e-6

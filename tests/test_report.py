@@ -1,0 +1,433 @@
+"""report.py: CSVs written with the real schemas -> report.md + PNGs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kvbench.errors import KvbenchError
+from kvbench.report import render_report
+from kvbench.results import AUDIT_COLUMNS, BENCH_COLUMNS, ResultsWriter
+
+RUNS_COLUMNS = ["date", "job", "command", "device", "model", "kvbench_version", "git_commit", "wall_s"]
+
+PROV = {
+    "date": "2025-11-30",
+    "device": "NVIDIA H200",
+    "driver": "570.86",
+    "model": "HuggingFaceTB/SmolLM2-135M",
+    "model_hash": "abc123def456",
+    "torch_version": "2.9.0",
+    "triton_version": "3.5.0",
+    "transformers_version": "4.57.1",
+    "kvbench_version": "0.1.0",
+    "git_commit": "deadbeef1234",
+}
+
+SECTIONS = [
+    "# kvbench report",
+    "## Summary",
+    "## Audit status matrix",
+    "## What the statuses mean",
+    "## Benchmark",
+    "## Plots",
+    "## Recommendation",
+    "## Raw data",
+]
+
+
+def _greedy(mode, ctx, status="ok", verdict="identical", **kw):
+    row = {
+        **PROV,
+        "kv_cache_mode": mode,
+        "effective_mode": mode,
+        "context_tokens": ctx,
+        "gen_tokens": 64,
+        "status": status,
+        "verdict": verdict,
+        "identical_to_fp16": verdict in ("identical", "reference"),
+        "check": "greedy",
+        "batch": 1,
+        "synthetic": False,
+    }
+    row.update(kw)
+    return row
+
+
+def audit_rows():
+    rows = [
+        _greedy("fp16", 2048, verdict="reference", top1_agreement=1.0, kl_div=0.0),
+        _greedy("fp16", 8192, verdict="reference", top1_agreement=1.0, kl_div=0.0),
+        _greedy("int8", 2048, top1_agreement=1.0, kl_div=0.0, kv_bytes_per_token=66560),
+        _greedy("int8", 8192, top1_agreement=1.0, kl_div=0.0),
+        _greedy("turbo4-asym", 2048, top1_agreement=0.99, kl_div=0.0042),
+        _greedy(
+            "turbo4-asym",
+            8192,
+            verdict="near-tie",
+            near_tie=True,
+            first_divergence=40,
+            top1_agreement=0.97,
+            kl_div=0.012345,
+        ),
+        _greedy(
+            "turbo3-asym",
+            2048,
+            status="diverged",
+            verdict="diverged",
+            first_divergence=17,
+            top1_agreement=0.94,
+            kl_div=0.0456,
+        ),
+        _greedy(
+            "turbo3-asym",
+            8192,
+            status="diverged",
+            verdict="diverged",
+            first_divergence=9,
+            top1_agreement=0.93,
+            kl_div=0.0789,
+        ),
+        _greedy(
+            "turbo4",
+            2048,
+            status="fallback",
+            effective_mode="turbo4-asym",
+            top1_agreement=0.99,
+            kl_div=0.0042,
+            notes="turbo4 not allowed for llama; runs as turbo4-asym",
+        ),
+        _greedy(
+            "turbo4",
+            8192,
+            status="error",
+            verdict="",
+            effective_mode="turbo4-asym",
+            notes="RuntimeError: illegal | memory access",
+        ),
+        _greedy("turbo4-delegated", 2048, top1_agreement=1.0, kl_div=0.0),
+        _greedy(
+            "turbo4-delegated",
+            8192,
+            status="degenerate",
+            verdict="degenerate",
+            degenerate=True,
+            degenerate_reason="repetition",
+            top1_agreement=0.41,
+            kl_div=2.5,
+        ),
+    ]
+    for mode, ppl, delta in (("fp16", 12.3456, None), ("int8", 12.35, 0.0044), ("turbo3-asym", 12.9, 0.5544)):
+        rows.append(_greedy(mode, 2048, verdict="", check="ppl", ppl=ppl, ppl_delta=delta, identical_to_fp16=None))
+    for mode in ("int8", "turbo4-asym"):
+        for ctx in (2048, 8192):
+            for depth in (0.25, 0.75):
+                for trial in range(2):
+                    hit = not (mode == "turbo4-asym" and ctx == 8192 and depth == 0.75 and trial == 0)
+                    rows.append(
+                        _greedy(
+                            mode, ctx, verdict="", check="niah", niah_depth=depth, niah_hit=hit, identical_to_fp16=None
+                        )
+                    )
+    rows.append(_greedy("fp16", 2048, check="max_kv", max_kv_size=512, keep=4, degenerate=False))
+    rows.append(
+        _greedy(
+            "int8",
+            2048,
+            check="max_kv",
+            max_kv_size=512,
+            keep=0,
+            status="degenerate",
+            verdict="degenerate",
+            degenerate=True,
+        )
+    )
+    rows.append(_greedy("int8", 2048, check="prefix_reuse", cached_tokens=1024))
+    rows.append(_greedy("int8", 2048, check="kernel", kernel="triton", kernel_agrees=True, verdict=""))
+    return rows
+
+
+def _bench(mode, ctx, batch, tok=None, ratio=None, peak=None, status="ok", **kw):
+    row = {
+        **PROV,
+        "kv_cache_mode": mode,
+        "effective_mode": mode,
+        "context_tokens": ctx,
+        "gen_tokens": 128,
+        "batch": batch,
+        "decode_tok_s": tok,
+        "decode_tok_s_min": tok * 0.99 if tok else None,
+        "decode_tok_s_max": tok * 1.01 if tok else None,
+        "decode_ratio_vs_fp16": ratio,
+        "peak_mem_gb": peak,
+        "status": status,
+        "repeats": 3,
+        "warmup": 16,
+        "peak_mem_kind": "cuda_max_allocated",
+        "kv_bytes_per_token": {"fp16": 131072, "int8": 66560, "turbo4-asym": 82432}.get(mode),
+        "roofline_frac": 0.5 if tok else None,
+        "kernel": "triton",
+        "cuda_graphs": True,
+        "bandwidth_gbs": 4300.0,
+        "synthetic": False,
+    }
+    row.update(kw)
+    return row
+
+
+def bench_rows():
+    return [
+        _bench("fp16", 2048, 1, 263.4, 1.0, 16.5, decode_tok_s_min=260.1, decode_tok_s_max=265.0),
+        _bench("int8", 2048, 1, 250.0, 0.949, 16.4),
+        _bench("turbo4-asym", 2048, 1, 240.0, 0.911, 16.3),
+        _bench("fp16", 32768, 1, 211.0, 1.0, 20.37),
+        _bench("int8", 32768, 1, 236.2, 1.1194, 18.18),
+        _bench("turbo4-asym", 32768, 1, 200.0, 0.948, 19.0),
+        _bench("fp16", 2048, 16, 3000.0, 1.0, 30.0),
+        _bench("int8", 2048, 16, 3100.0, 1.0333, 25.0),
+        _bench("fp16", 32768, 16, status="oom", notes="CUDA out of memory"),
+        _bench("int8", 32768, 16, 1200.0, None, 90.0),
+        _bench("fp16", 32768, 8, 1500.0, 1.0, 80.0, notes="capacity search"),
+        _bench("fp16", 32768, 16, status="oom", notes="capacity search: CUDA out of memory"),
+        _bench("int8", 32768, 32, 2100.0, None, 120.0, notes="capacity search"),
+        _bench("int8", 32768, 64, status="oom", notes="capacity search"),
+    ]
+
+
+def runs_rows():
+    return [
+        {
+            **{k: PROV[k] for k in ("date", "device", "model", "kvbench_version", "git_commit")},
+            "job": "4711",
+            "command": "kvbench audit --modes all --contexts 2048,8192",
+            "wall_s": 312.4,
+        },
+        {
+            **{k: PROV[k] for k in ("date", "device", "model", "kvbench_version", "git_commit")},
+            "job": "4712",
+            "command": "kvbench decode-bench --modes fp16,int8,turbo4-asym --contexts 2048,32768 --batch 1,16",
+            "wall_s": 900.0,
+        },
+    ]
+
+
+def write(folder: Path, audit=None, bench=None, runs=None) -> Path:
+    for stem, cols, rows in (
+        ("audit", AUDIT_COLUMNS, audit),
+        ("bench", BENCH_COLUMNS, bench),
+        ("runs", RUNS_COLUMNS, runs),
+    ):
+        if rows:
+            w = ResultsWriter(folder, stem, cols, formats=("csv",))
+            for r in rows:
+                w.write(r)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    folder = write(tmp_path_factory.mktemp("full"), audit_rows(), bench_rows(), runs_rows())
+    (folder / "extra_sweep.csv").write_text("a,b\n1,2\n")
+    path = render_report([folder])
+    return folder, path, path.read_text()
+
+
+def _matrix_rows(text: str) -> list[str]:
+    block = text.split("## Audit status matrix", 1)[1].split("\n## ", 1)[0]
+    return [ln for ln in block.splitlines() if ln.startswith("| `")]
+
+
+def test_report_sections_and_header(full):
+    folder, path, text = full
+    assert path == folder / "report.md"
+    for heading in SECTIONS:
+        assert heading in text, heading
+    for heading in (
+        "## Quality per context",
+        "## Perplexity",
+        "## Needle in a haystack",
+        "## Capacity",
+        "## Sliding window",
+        "## Prefix reuse",
+        "## Kernel checks",
+    ):
+        assert heading in text, heading
+    assert "NVIDIA H200 (driver 570.86)" in text
+    assert "`HuggingFaceTB/SmolLM2-135M` (weights hash `abc123def456`)" in text
+    assert "0.1.0 (git deadbeef1234)" in text
+    assert "torch 2.9.0 · triton 3.5.0 · transformers 4.57.1" in text
+    assert "kvbench decode-bench --modes fp16,int8,turbo4-asym --contexts 2048,32768 --batch 1,16" in text
+    assert "# 2025-11-30 · job 4711 · NVIDIA H200 · 312.4 s" in text
+
+
+def test_status_matrix(full):
+    _, _, text = full
+    rows = _matrix_rows(text)
+    modes = [r.split("|")[1].strip() for r in rows]
+    assert modes == ["`fp16`", "`int8`", "`turbo4-asym`", "`turbo3-asym`", "`turbo4`", "`turbo4-delegated`"]
+    by_mode = {r.split("|")[1].strip().strip("`"): r for r in rows}
+    assert "`--modes int8`" in by_mode["int8"]
+    assert "2K: identical (top-1 100.0%, KL 0)" in by_mode["int8"]
+    assert "ppl Δ +0.0044 at 2K" in by_mode["int8"]
+    assert "2K 0.95x, 32K 1.12x" in by_mode["int8"]
+    assert "18.18 GB at 32K (-10.8% vs fp16)" in by_mode["int8"]
+    assert "8K: near-tie at token 40 (top-1 97.0%, KL 0.0123)" in by_mode["turbo4-asym"]
+    assert "2K: diverged at token 17" in by_mode["turbo3-asym"]
+    assert "8K: degenerate (repetition)" in by_mode["turbo4-delegated"]
+    assert "ran as turbo4-asym (fallback)" in by_mode["turbo4"]
+    assert "error at 8K" in by_mode["turbo4"]
+    # A pipe inside a note is escaped, so the row keeps its 7 cells.
+    assert "illegal \\| memory access" in by_mode["turbo4"]
+    assert len(re.split(r"(?<!\\)\|", by_mode["turbo4"])) == 9
+    assert "baseline: 2K 263.4 tok/s, 32K 211.0 tok/s" in by_mode["fp16"]
+
+
+def test_quality_and_checks(full):
+    _, _, text = full
+    quality = text.split("## Quality per context", 1)[1].split("\n## ", 1)[0]
+    assert "| Mode | 2K | 8K |" in quality
+    assert "diverged@17 · 94.0% · KL 0.0456" in quality
+    assert "12.350 (Δ +0.0044)" in text
+    assert "| `turbo4-asym` | 75% | 2/2 | 1/2 |" in text
+    assert "max 512, keep 0" in text
+
+
+def test_statuses_explained(full):
+    _, _, text = full
+    block = text.split("## What the statuses mean", 1)[1].split("\n## ", 1)[0]
+    for status in ("ok", "diverged", "degenerate", "fallback", "oom", "error"):
+        assert f"- `{status}` (" in block, status
+    assert "Not present here: `skipped`" in block
+
+
+def test_benchmark_table(full):
+    _, _, text = full
+    bench = text.split("## Benchmark", 1)[1].split("\n## ", 1)[0]
+    assert "263.4 (260.1–265.0)" in bench
+    assert (
+        "| 32K | 1 | `int8` | triton, graphs | 236.2 (233.8–238.6) | 1.12x | 18.18 | -2.19 (-10.8%) | 50.0% | 65.0 KiB |"
+        in bench
+    )
+    assert "| 32K | 16 | `fp16` | triton, graphs | **oom** |" in bench and "CUDA out of memory" in bench
+    assert "CUDA allocator" in bench
+    # Rows are sorted by context, then batch, then mode order.
+    data = [ln for ln in bench.splitlines() if re.match(r"\| \d+K \|", ln)]
+    keys = [(ln.split("|")[1].strip(), int(ln.split("|")[2])) for ln in data]
+    assert keys == sorted(keys, key=lambda k: (int(k[0][:-1]), k[1]))
+    capacity = text.split("## Capacity", 1)[1].split("\n## ", 1)[0]
+    assert "| `fp16` | 32K | 8 | 80.00 | 16 (oom) |" in capacity
+    assert "| `int8` | 32K | 32 | 120.00 | 64 (oom) |" in capacity
+
+
+def test_summary_and_recommendation_from_data(full):
+    _, _, text = full
+    summary = text.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    assert "Against fp16: int8 was identical at every audited context" in summary
+    assert "turbo3-asym diverged at 2K (token 17) and 8K (token 9)" in summary
+    assert "turbo4-delegated degenerated at 8K" in summary
+    assert "fp16 decoded 211.0 tok/s" in summary and "int8 1.12x" in summary
+    assert "int8 65.0 KiB (1.97x less)" in summary
+    rec = text.split("## Recommendation", 1)[1].split("\n## ", 1)[0]
+    assert "32K: `int8` 236.2 tok/s (1.12x fp16)" in rec
+    assert "Avoid on this setup:" in rec and "`turbo3-asym`" in rec
+    assert "Pick: `int8` at 32K (batch 1): 1.12x fp16 decode" in rec
+    assert "Capacity at 32K: `fp16` batch 8, `int8` batch 32." in rec
+
+
+def test_plots_and_links(full):
+    folder, _, text = full
+    for name in ("report_decode_tok_s.png", "report_peak_mem.png", "report_quality.png", "report_niah.png"):
+        png = folder / name
+        assert png.exists() and png.stat().st_size > 1000, name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({name})" in text
+    raw = text.split("## Raw data", 1)[1]
+    assert "- [audit.csv](audit.csv)" in raw
+    assert "- [bench.csv](bench.csv)" in raw
+    assert "- [runs.csv](runs.csv)" in raw
+    assert "- [extra_sweep.csv](extra_sweep.csv) (not read by the report)" in raw
+
+
+def test_deterministic(full):
+    folder, _, text = full
+    again = render_report([folder]).read_text()
+    strip = lambda t: re.sub(r"Rendered on .*", "", t)  # noqa: E731
+    assert strip(again) == strip(text)
+
+
+def test_only_audit(tmp_path):
+    folder = write(tmp_path / "a", audit=audit_rows())
+    text = render_report([folder]).read_text()
+    for heading in SECTIONS:
+        assert heading in text
+    assert "No benchmark rows" in text
+    assert len(_matrix_rows(text)) == 6
+    assert (folder / "report_quality.png").exists()
+    assert not (folder / "report_decode_tok_s.png").exists()
+
+
+def test_only_bench(tmp_path):
+    folder = write(tmp_path / "b", bench=bench_rows())
+    text = render_report([folder]).read_text()
+    for heading in SECTIONS:
+        assert heading in text
+    assert "No audit rows" in text
+    assert len(_matrix_rows(text)) == 3
+    assert "not audited" in text
+    assert (folder / "report_decode_tok_s.png").exists()
+
+
+def test_merge_two_folders(tmp_path):
+    job1 = write(tmp_path / "job1", audit=audit_rows())
+    extra = _bench("turbo4-asym", 2048, 16, 2900.0, 0.967, 26.0, notes="from job two")
+    job2 = write(tmp_path / "job2", bench=[*bench_rows(), extra], runs=runs_rows())
+    out = tmp_path / "merged"
+    path = render_report([job1, job2], out_dir=out)
+    assert path == out / "report.md"
+    text = path.read_text()
+    assert "diverged at token 17" in text  # from job1's audit
+    assert "from job two" in text and "0.97x" in text  # from job2's bench
+    assert "- [../job1/audit.csv](../job1/audit.csv)" in text
+    assert "- [../job2/bench.csv](../job2/bench.csv) (15 benchmark rows)" in text
+    assert (out / "report_decode_tok_s.png").exists()
+
+
+def test_two_devices_get_their_own_sections(tmp_path):
+    h200 = write(tmp_path / "h200", audit=audit_rows(), bench=bench_rows())
+    gb10 = [{**r, "device": "NVIDIA GB10", "decode_tok_s": (r["decode_tok_s"] or 0) / 4 or None} for r in bench_rows()]
+    other = write(tmp_path / "gb10", bench=gb10)
+    text = render_report([h200, other]).read_text()
+    assert "### NVIDIA GB10 · HuggingFaceTB/SmolLM2-135M" in text
+    assert "### NVIDIA H200 · HuggingFaceTB/SmolLM2-135M" in text
+    assert "**NVIDIA GB10 · HuggingFaceTB/SmolLM2-135M**:" in text  # summary per setup
+    assert "59.0" in text  # 236.2 / 4 from the GB10 rows
+    for name in ("report_decode_tok_s_1.png", "report_decode_tok_s_2.png", "report_quality_2.png"):
+        assert (h200 / name).exists() and f"]({name})" in text
+
+
+def test_header_only_bench(tmp_path):
+    folder = write(tmp_path / "h", audit=audit_rows()[:4])
+    (folder / "bench.csv").write_text(",".join(BENCH_COLUMNS) + "\n")
+    text = render_report([folder]).read_text()
+    assert "No benchmark rows" in text and "## Recommendation" in text
+
+
+def test_sparse_csv_with_missing_columns(tmp_path):
+    folder = tmp_path / "sparse"
+    folder.mkdir()
+    (folder / "audit.csv").write_text(
+        "kv_cache_mode,context_tokens,status,top1_agreement\nfp16,1024,ok,\nint8,1024,ok,0.98\nweird,,error,\n"
+    )
+    (folder / "bench.csv").write_text("kv_cache_mode,context_tokens,decode_tok_s\nfp16,1024,15.2\nint8,1024,\n")
+    text = render_report([folder]).read_text()
+    assert "`weird`" in text and "15.2" in text
+    assert "0.98" not in text or "98.0%" in text
+
+
+def test_no_data_raises(tmp_path):
+    with pytest.raises(KvbenchError):
+        render_report([tmp_path])
+    with pytest.raises(KvbenchError):
+        render_report([tmp_path / "missing"])
