@@ -1,6 +1,14 @@
 """The audit job: for each context, every mode decodes greedily from the same
 prompt and is compared with fp16 (greedy match, teacher-forced top-1 agreement
-and KL, degeneracy), optionally with perplexity over the bundled text."""
+and KL, degeneracy). Optional checks, each its own rows (`check` column):
+
+- `ppl`: perplexity over non-overlapping windows of the bundled text;
+- `max_kv`: a live-KV cap with `--keep` sink tokens and with none (keep=0, the
+  seed engine's bug), judged by the degenerate-output detector;
+- `prefix_reuse`: a prefix prefilled once, adopted by a second request that
+  prefills only its suffix, vs a fresh prefill of the same tokens;
+- `niah`: a needle at several depths of the haystack, found or not.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +28,10 @@ from kvbench.results import AUDIT_COLUMNS
 from kvbench.runtime import Progress, is_oom, one_line, release
 from kvbench.session import Session
 
+NEEDLE = "The special magic number is {n}."
+NEEDLE_QUESTION = "What is the special magic number mentioned in the text above? Answer with the number only."
+NIAH_GEN = 24
+
 
 @dataclass
 class Reference:
@@ -31,6 +43,15 @@ class Reference:
     n_compare: int  # positions compared (up to and including fp16's first EOS)
 
 
+@dataclass
+class Run:
+    tokens: torch.Tensor  # [n] on CPU
+    logits: torch.Tensor  # [n, V] on CPU
+    caches: list
+    first: torch.Tensor  # the prefill's last logits [1, V]
+    snapshot: list | None  # caches right after prefill (for teacher forcing)
+
+
 class AuditJob:
     def __init__(self, session: Session, progress: Progress) -> None:
         self.s = session
@@ -40,13 +61,15 @@ class AuditJob:
         self.rows: list[dict] = []
         self.question = self.cfg.question or prompts.DEFAULT_QUESTION
         self._passage = self._read_prompt_file()
+        if self.cfg.contexts is None and self._passage is not None:
+            # a user's prompt runs at its own length unless --contexts says otherwise
+            session.contexts = [self.natural_length()]
 
     # ----------------------------------------------------------------- planning
     def n_cells(self) -> int:
-        n = len(self.s.contexts) * len(self.s.modes)
-        if self.cfg.ppl:
-            n += len(self.s.contexts) * len(self.s.modes)
-        return n
+        per_ctx = 1 + self.cfg.ppl + 2 * len(self.cfg.kv_caps) + self.cfg.prefix_reuse + self.cfg.compare_kernels
+        per_ctx += len(self.cfg.niah_depths) if self.cfg.niah else 0
+        return len(self.s.contexts) * len(self.s.modes) * per_ctx
 
     def _read_prompt_file(self):
         if not self.cfg.prompt_file:
@@ -58,11 +81,17 @@ class AuditJob:
             raise KvbenchError("--prompt-file needs a model with a tokenizer")
         return self.s.lm.tokenizer(p.read_text(), add_special_tokens=False).input_ids
 
+    def natural_length(self) -> int:
+        pre, post = prompts._chat_parts(self.s.lm.tokenizer, self.question)
+        return len(pre) + len(self._passage) + len(post)
+
     def prompt(self, context: int) -> torch.Tensor:
         lm = self.s.lm
         if lm.tokenizer is None:
-            return prompts.synthetic_prompt(lm.args.vocab_size, context)
-        return prompts.build_prompt(lm.tokenizer, context, question=self.question, passage_ids=self._passage)
+            ids = prompts.synthetic_prompt(lm.args.vocab_size, context)
+        else:
+            ids = prompts.build_prompt(lm.tokenizer, context, question=self.question, passage_ids=self._passage)
+        return ids.to(self.s.device)
 
     def decode_text(self, tokens: list[int]) -> str:
         tok = self.s.lm.tokenizer
@@ -76,22 +105,26 @@ class AuditJob:
     # --------------------------------------------------------------------- run
     def run(self) -> list[dict]:
         for ctx in self.s.contexts:
-            rope_note = fit_context(self.s.lm, ctx + self.cfg.gen_tokens, self.cfg.yarn)
-            ids = self.prompt(ctx).to(self.s.device)
-            ref = None
-            for mode in self.s.modes:
-                row = self._cell(mode, ctx, ids, ref, rope_note)
-                if mode == "fp16":
-                    ref = row.pop("_ref", None)
-                    if ref is None:  # without the reference nothing else can be judged
-                        for other in self.s.modes[1:]:
-                            self._emit(self._skipped(other, ctx, "fp16 reference failed at this context"))
-                        break
+            rope_note = fit_context(self.s.lm, ctx, self.cfg.yarn)
+            ids = self.prompt(ctx)
+            ref = self._greedy_sweep(ctx, ids, rope_note, "greedy", cap=self._cap())
+            if ref is None:
+                continue
+            for max_kv in self.cfg.kv_caps:
+                for keep in dict.fromkeys((self.cfg.keep, 0)):
+                    self._greedy_sweep(ctx, ids, rope_note, "max_kv", cap=KVCap(max_kv, keep))
+            if self.cfg.compare_kernels:
+                self._compare_kernels(ctx, ids, ref, rope_note)
+            if self.cfg.prefix_reuse:
+                self._prefix_reuse(ctx, ids, rope_note)
+            if self.cfg.niah:
+                self._niah(ctx, rope_note)
             if self.cfg.ppl:
                 self._ppl(ctx, rope_note)
         return self.rows
 
-    def _base(self, mode: str, ctx: int, check: str = "greedy") -> dict:
+    # ------------------------------------------------------------- row helpers
+    def _base(self, mode: str, ctx: int, check: str, cap: KVCap | None = None) -> dict:
         res = self.s.resolve(mode)
         return {
             **self.s.base_row,
@@ -102,12 +135,9 @@ class AuditJob:
             "check": check,
             "batch": 1,
             "boundary_v": self.s.boundary_v(res.effective),
-            "max_kv_size": self.cfg.max_kv_size,
-            "keep": self.cfg.keep if self.cfg.max_kv_size else None,
+            "max_kv_size": cap.max_size if cap else None,
+            "keep": cap.keep if cap else None,
         }
-
-    def _skipped(self, mode, ctx, why):
-        return {**self._base(mode, ctx), "status": "skipped", "notes": why}
 
     def _emit(self, row: dict) -> None:
         row = {k: v for k, v in row.items() if not k.startswith("_")}
@@ -115,15 +145,14 @@ class AuditJob:
         self.rows.append(row)
         self.p.cell_done()
 
-    def _cell(self, mode: str, ctx: int, ids: torch.Tensor, ref: Reference | None, rope_note: str) -> dict:
-        row = self._base(mode, ctx)
+    def _cell(self, mode: str, ctx: int, check: str, rope_note: str, work, cap: KVCap | None = None) -> dict:
+        """Run `work(effective_mode) -> dict` as one isolated cell and emit its row."""
+        row = self._base(mode, ctx, check, cap)
         res = self.s.resolve(mode)
         notes = [n for n in (rope_note, res.note, *self.s.lm.notes) if n]
-        if res.note:
-            self.p.log(f"[yellow]{res.note}[/yellow]")
         t0 = time.perf_counter()
         try:
-            row.update(self._greedy(res.effective, ctx, ids, ref))
+            row.update(work(res.effective))
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # one cell's failure is a row, not the end of the sweep
@@ -131,61 +160,87 @@ class AuditJob:
             notes.append(one_line(exc))
             release(self.s.device)
         row["elapsed_s"] = round(time.perf_counter() - t0, 2)
-        if row.get("status") not in ("oom", "error"):
+        if row.get("status") not in ("oom", "error", "skipped"):
             row["status"] = _status(row, mode, res.effective)
-        row["notes"] = "; ".join(notes + ([row.pop("_note")] if row.get("_note") else []))
+        if row.get("_note"):
+            notes.append(row["_note"])
+        row["notes"] = "; ".join(notes)
         self._emit(row)
         return row
 
     def _cap(self) -> KVCap | None:
         return KVCap(self.cfg.max_kv_size, self.cfg.keep) if self.cfg.max_kv_size else None
 
-    def _prefill(self, caches, ids, label: str):
-        n = ids.shape[1]
-        self.p.step(f"{label}: prefill", n)
-        return prefill(self.s.lm.model, ids, caches, self.cfg.prefill_chunk, self._cap(), on_chunk=self.p.advance_to)
-
-    def _greedy(self, mode: str, ctx: int, ids: torch.Tensor, ref: Reference | None) -> dict:
-        model = self.s.lm.model
-        gen = self.cfg.gen_tokens
-        caches = self.s.caches(mode, capacity=ctx + gen)
-        label = f"{ctx} {mode}"
-        first = self._prefill(caches, ids, label)
-        snapshot = [c.clone() for c in caches] if ref is not None else None
+    # ------------------------------------------------------------- one decode
+    def _decode(self, mode: str, ids: torch.Tensor, gen: int, cap: KVCap | None, label: str, snapshot=False) -> Run:
+        caches = self.s.caches(mode, capacity=ids.shape[1] + gen)
+        self.p.step(f"{label}: prefill", ids.shape[1])
+        first = prefill(self.s.lm.model, ids, caches, self.cfg.prefill_chunk, cap, on_chunk=self.p.advance_to)
+        snap = [c.clone() for c in caches] if snapshot else None
         self.p.step(f"{label}: decode", gen)
-        toks, logits = greedy_decode(model, first, caches, gen, self._cap(), on_token=self.p.advance_to)
-        toks, logits = toks[0].cpu(), logits[0].cpu()
-        kv_bytes = sum(c.nbytes() for c in caches)
-        live = caches[0].live
+        step = self.s.stepper(caches, cap)
+        toks, logits = greedy_decode(self.s.lm.model, first, caches, gen, cap, self.p.advance_to, step)
+        return Run(toks[0].cpu(), logits[0].cpu(), caches, first, snap)
+
+    def _degenerate(self, toks: list[int], text: str):
+        if self.s.lm.tokenizer is None:
+            return quality.detect_degenerate(tokens=toks)
+        return quality.detect_degenerate(text, question=self.question)
+
+    # ------------------------------------------------------ greedy vs reference
+    def _greedy_sweep(self, ctx, ids, rope_note, check, cap) -> Reference | None:
+        """fp16 first (the reference), then every other mode against it."""
+        ref = None
+        for mode in self.s.modes:
+            if mode != "fp16" and ref is None:
+                self._emit({**self._base(mode, ctx, check, cap), "status": "skipped", "notes": "fp16 reference failed"})
+                continue
+            box = {}
+
+            def work(effective, mode=mode, box=box, ref=ref):
+                out = self._compare(effective, ctx, ids, ref, cap, f"{ctx} {check} {mode}")
+                box["ref"] = out.pop("_ref", None)
+                return out
+
+            self._cell(mode, ctx, check, rope_note, work, cap)
+            if mode == "fp16":
+                ref = box.get("ref")
+        return ref
+
+    def _compare(self, mode, ctx, ids, ref: Reference | None, cap, label) -> dict:
+        gen = self.cfg.gen_tokens
+        run = self._decode(mode, ids, gen, cap, label, snapshot=ref is not None)
+        toks, logits = run.tokens, run.logits
+        kv_bytes = sum(c.nbytes() for c in run.caches)
+        text = self.decode_text(toks.tolist())
+        deg = self._degenerate(toks.tolist(), text)
         out = {
             "kv_bytes": kv_bytes,
-            "kv_bytes_per_token": round(kv_bytes / max(1, live), 1),
-            "output_text": self.decode_text(toks.tolist()),
+            "kv_bytes_per_token": round(kv_bytes / max(1, run.caches[0].live), 1),
+            "output_text": text,
+            "degenerate": deg.degenerate,
+            "degenerate_reason": deg.reason,
         }
-        deg = self._degenerate(toks.tolist(), out["output_text"])
-        out.update(degenerate=deg.degenerate, degenerate_reason=deg.reason)
         if ref is None:  # this is fp16 itself
-            n = _compare_len(toks.tolist(), self.s.lm.tokenizer)
-            out["_ref"] = Reference(toks, logits, out["output_text"], n)
-            out.update(
-                identical_to_fp16=True,
-                token_match=1.0,
-                top1_agreement=1.0,
-                kl_div=0.0,
-                verdict="degenerate" if deg.degenerate else "identical",
-            )
+            out["_ref"] = Reference(toks, logits, text, _compare_len(toks.tolist(), self.s.lm.tokenizer))
+            out.update(identical_to_fp16=True, token_match=1.0, top1_agreement=1.0, kl_div=0.0)
+            out["verdict"] = "degenerate" if deg.degenerate else "identical"
             return out
         n = ref.n_compare
         div = quality.first_divergence(ref.tokens[:n].tolist(), toks[:n].tolist())
-        if div is None:
-            forced = logits  # same inputs at every position: the greedy pass was teacher-forced
-        else:
+        forced = logits  # while tokens agree the greedy pass *is* the teacher-forced pass
+        if div is not None:
+            del run.caches
             self.p.step(f"{label}: teacher-forced", gen)
             forced = teacher_forced(
-                model, first, snapshot, ref.tokens[None].to(ids.device), self._cap(), self.p.advance_to
-            )
-            forced = forced[0].cpu()
-        del snapshot, caches
+                self.s.lm.model,
+                run.first,
+                run.snapshot,
+                ref.tokens[None].to(ids.device),
+                cap,
+                self.p.advance_to,
+                self.s.stepper(run.snapshot, cap),
+            )[0].cpu()
         near_tie = div is not None and quality.top2_margin(ref.logits[div]) < self.cfg.near_tie_margin
         out.update(
             identical_to_fp16=div is None,
@@ -203,10 +258,122 @@ class AuditJob:
             out["verdict"] = "near-tie" if near_tie else "diverged"
         return out
 
-    def _degenerate(self, toks: list[int], text: str):
+    # ---------------------------------------------------- kernel vs reference
+    def _compare_kernels(self, ctx: int, ids: torch.Tensor, ref: Reference, rope_note: str) -> None:
+        """The fused Triton path and the PyTorch reference path, teacher-forced on
+        fp16's greedy tokens: the audit's "fallback path" column."""
+        model = self.s.lm.model
+        gen = self.cfg.gen_tokens
+        forced = ref.tokens[None].to(ids.device)
+
+        def path(mode, kernel):
+            caches = self.s.caches(mode, capacity=ids.shape[1] + gen, kernel=kernel)
+            first = prefill(model, ids, caches, self.cfg.prefill_chunk)
+            fused = kernel == "triton"
+            if fused and not self.s.fused(caches):
+                raise KvbenchError(f"{mode} has no fused kernel path")
+            step = self.s.stepper(caches, fused=fused)
+            return teacher_forced(model, first, caches, forced, step=step)[0].cpu()
+
+        def work(mode):
+            if self.s.device.type != "cuda":
+                return {"status": "skipped", "_note": "the Triton path needs a CUDA GPU"}
+            self.p.step(f"{ctx} kernel-vs-reference {mode}", 2)
+            a = path(mode, "reference")
+            b = path(mode, "triton")
+            same = bool((a.argmax(-1) == b.argmax(-1)).all())
+            diff = (a - b).abs().max().item()
+            return {
+                "kernel": "triton vs reference",
+                "kernel_agrees": same,
+                "top1_agreement": round((a.argmax(-1) == b.argmax(-1)).float().mean().item(), 4),
+                "kl_div": quality.kl_divergence(a, b),
+                "verdict": "identical" if same else "diverged",
+                "_note": f"teacher-forced on fp16's {gen} tokens; max |logit difference| {diff:.3g}",
+            }
+
+        for mode in self.s.modes:
+            self._cell(mode, ctx, "kernel", rope_note, work)
+
+    # ------------------------------------------------------------ prefix reuse
+    def _prefix_reuse(self, ctx: int, ids: torch.Tensor, rope_note: str) -> None:
+        """Request A prefills the prompt without its question and donates its KV;
+        request B adopts it and prefills only the question. B's greedy output is
+        compared with a fresh prefill of the same tokens in the same chunks."""
+        n_suffix = len(prompts._chat_parts(self.s.lm.tokenizer, self.question)[1]) if self.s.lm.tokenizer else 16
+        split = ids.shape[1] - n_suffix
+        gen = self.cfg.gen_tokens
+        model = self.s.lm.model
+
+        def work(mode):
+            label = f"{ctx} prefix-reuse {mode}"
+            donor = self.s.caches(mode, capacity=ids.shape[1] + gen)
+            self.p.step(f"{label}: prefill prefix", split)
+            prefill(model, ids[:, :split], donor, self.cfg.prefill_chunk, on_chunk=self.p.advance_to)
+            adopter = self.s.caches(mode, capacity=ids.shape[1] + gen)
+            for mine, theirs in zip(adopter, donor):
+                mine.copy_from(theirs)
+            cached = adopter[0].live
+            del donor
+            first = prefill(model, ids[:, split:], adopter, self.cfg.prefill_chunk)
+            reused, _ = greedy_decode(model, first, adopter, gen, step=self.s.stepper(adopter))
+            del adopter
+            fresh_caches = self.s.caches(mode, capacity=ids.shape[1] + gen)
+            prefill(model, ids[:, :split], fresh_caches, self.cfg.prefill_chunk)
+            first = prefill(model, ids[:, split:], fresh_caches, self.cfg.prefill_chunk)
+            fresh, _ = greedy_decode(model, first, fresh_caches, gen, step=self.s.stepper(fresh_caches))
+            a, b = fresh[0].tolist(), reused[0].tolist()
+            div = quality.first_divergence(a, b)
+            return {
+                "cached_tokens": cached,
+                "identical_to_fp16": None,
+                "first_divergence": div,
+                "token_match": round(quality.token_match(a, b), 4),
+                "verdict": "identical" if div is None else "diverged",
+                "output_text": self.decode_text(b),
+                "_note": f"reused {cached} cached tokens; compared with a fresh prefill of the same {ids.shape[1]} tokens",
+            }
+
+        for mode in self.s.modes:
+            self._cell(mode, ctx, "prefix_reuse", rope_note, work)
+
+    # ---------------------------------------------------- needle in a haystack
+    def niah_prompt(self, ctx: int, depth: float, number: int) -> torch.Tensor:
+        tok = self.s.lm.tokenizer
+        needle = tok(" " + NEEDLE.format(n=number) + " ", add_special_tokens=False).input_ids
+        pre, post = prompts._chat_parts(tok, NEEDLE_QUESTION)
+        room = ctx - len(pre) - len(post) - len(needle)
+        if room < 16:
+            raise KvbenchError(f"context {ctx} is too short for a needle-in-a-haystack prompt")
+        hay = prompts.text_ids(tok)[:room]
+        at = round(depth * room)
+        # move the needle to a sentence boundary near the requested depth
+        period = tok(".", add_special_tokens=False).input_ids[-1]
+        for j in range(at, max(0, at - 64), -1):
+            if j == 0 or hay[j - 1] == period:
+                at = j
+                break
+        return torch.tensor([pre + hay[:at] + needle + hay[at:] + post], device=self.s.device)
+
+    def _niah(self, ctx: int, rope_note: str) -> None:
         if self.s.lm.tokenizer is None:
-            return quality.detect_degenerate(tokens=toks)
-        return quality.detect_degenerate(text, question=self.question)
+            for depth in self.cfg.niah_depths:
+                for mode in self.s.modes:
+                    row = {**self._base(mode, ctx, "niah"), "niah_depth": depth, "status": "skipped"}
+                    self._emit({**row, "notes": "no tokenizer"})
+            return
+        for i, depth in enumerate(self.cfg.niah_depths):
+            number = 7000 + 137 * (i + 1) + ctx % 997  # a different needle per cell
+            ids = self.niah_prompt(ctx, depth, number)
+
+            def work(mode, ids=ids, number=number, depth=depth):
+                run = self._decode(mode, ids, NIAH_GEN, None, f"{ctx} niah {depth:.0%} {mode}")
+                text = self.decode_text(run.tokens.tolist())
+                hit = str(number) in text
+                return {"niah_depth": depth, "niah_hit": hit, "output_text": text, "gen_tokens": NIAH_GEN}
+
+            for mode in self.s.modes:
+                self._cell(mode, ctx, "niah", rope_note, work)
 
     # -------------------------------------------------------------- perplexity
     def _ppl(self, ctx: int, rope_note: str) -> None:
@@ -216,53 +383,37 @@ class AuditJob:
                 self._emit({**self._base(mode, ctx, "ppl"), "status": "skipped", "notes": "no tokenizer"})
             return
         text = prompts.text_ids(lm.tokenizer)
-        windows = []
-        for w in range(self.cfg.ppl_windows):
-            start = w * ctx
-            if start + ctx > len(text):
-                break
-            windows.append(torch.tensor([text[start : start + ctx]], device=self.s.device))
-        fp16_ppl = None
+        windows = [
+            torch.tensor([text[w * ctx : (w + 1) * ctx]], device=self.s.device)
+            for w in range(self.cfg.ppl_windows)
+            if (w + 1) * ctx <= len(text)
+        ]
+        fp16 = {}
+
+        def work(mode):
+            nll, count = 0.0, 0
+            for i, win in enumerate(windows):
+                caches = self.s.caches(mode, capacity=ctx)
+                self.p.step(f"{ctx} {mode}: perplexity window {i + 1}/{len(windows)}", ctx)
+                for s in range(0, ctx, self.cfg.ppl_chunk):
+                    chunk = win[:, s : s + self.cfg.ppl_chunk]
+                    logits = forward_chunk(lm.model, chunk, caches, last_only=False)[0]
+                    target = win[0, s + 1 : s + 1 + chunk.shape[1]]
+                    lp = F.log_softmax(logits[: target.shape[0]], -1)
+                    nll -= lp.gather(-1, target[:, None]).sum().item()
+                    count += target.shape[0]
+                    self.p.advance_to(s + chunk.shape[1])
+            ppl = math.exp(nll / count)
+            out = {"ppl": round(ppl, 4), "gen_tokens": 0, "verdict": None}
+            out["_note"] = f"{len(windows)} window(s) of {ctx} tokens, chunk {self.cfg.ppl_chunk}"
+            if mode == "fp16":
+                fp16["ppl"] = ppl
+            elif fp16:
+                out["ppl_delta"] = round(ppl / fp16["ppl"] - 1, 6)  # relative change vs fp16
+            return out
+
         for mode in self.s.modes:
-            res = self.s.resolve(mode)
-            row = self._base(mode, ctx, "ppl")
-            row["gen_tokens"] = 0
-            t0 = time.perf_counter()
-            try:
-                nll, count = 0.0, 0
-                for i, win in enumerate(windows):
-                    caches = self.s.caches(res.effective, capacity=ctx)
-                    self.p.step(f"{ctx} {mode}: perplexity window {i + 1}/{len(windows)}", ctx)
-                    for s in range(0, ctx, self.cfg.ppl_chunk):
-                        chunk = win[:, s : s + self.cfg.ppl_chunk]
-                        logits = forward_chunk(lm.model, chunk, caches, last_only=False)[0]
-                        target = win[0, s + 1 : s + 1 + chunk.shape[1]]
-                        lp = F.log_softmax(logits[: target.shape[0]], -1)
-                        nll -= lp.gather(-1, target[:, None]).sum().item()
-                        count += target.shape[0]
-                        self.p.advance_to(s + chunk.shape[1])
-                ppl = math.exp(nll / count)
-                row.update(status="ok", ppl=round(ppl, 4))
-                if mode == "fp16":
-                    fp16_ppl = ppl
-                elif fp16_ppl:
-                    row["ppl_delta"] = round(ppl / fp16_ppl - 1, 5)
-                row["notes"] = "; ".join(
-                    n
-                    for n in (
-                        rope_note,
-                        res.note,
-                        f"{len(windows)} window(s) of {ctx} tokens, chunk {self.cfg.ppl_chunk}",
-                    )
-                    if n
-                )
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:
-                row.update(status="oom" if is_oom(exc) else "error", notes=one_line(exc))
-                release(self.s.device)
-            row["elapsed_s"] = round(time.perf_counter() - t0, 2)
-            self._emit(row)
+            self._cell(mode, ctx, "ppl", rope_note, work)
 
 
 def _compare_len(tokens: list[int], tokenizer) -> int:
@@ -274,10 +425,11 @@ def _compare_len(tokens: list[int], tokenizer) -> int:
 
 
 def _status(row: dict, mode: str, effective: str) -> str:
-    if row.get("degenerate") and row.get("verdict") == "degenerate" and mode != "fp16":
+    degenerate = row.get("degenerate") and row.get("verdict") == "degenerate"
+    if degenerate and (mode != "fp16" or row.get("check") == "max_kv"):
         return "degenerate"
     if effective != mode:
         return "fallback"
-    if row.get("verdict") == "diverged":
+    if row.get("verdict") == "diverged" and row.get("check") in ("greedy", "max_kv", "prefix_reuse"):
         return "diverged"
     return "ok"

@@ -21,6 +21,7 @@ from kvbench.engine.weights import fit_context
 from kvbench.results import BENCH_COLUMNS
 from kvbench.runtime import (
     Progress,
+    available_bytes,
     is_oom,
     measure_bandwidth,
     one_line,
@@ -44,7 +45,8 @@ class BenchJob:
         self.bandwidth = None
 
     def n_cells(self) -> int:
-        return len(self.s.contexts) * len(self.cfg.batch) * len(self.s.modes)
+        n = len(self.s.contexts) * len(self.cfg.batch) * len(self.s.modes)
+        return n + (len(self.s.modes) if self.cfg.capacity else 0)
 
     def fill_kind(self) -> str:
         if self.cfg.fill != "auto":
@@ -55,7 +57,7 @@ class BenchJob:
         self.p.log(f"measuring {self.s.device} copy bandwidth for the roofline ...")
         self.bandwidth = measure_bandwidth(self.s.device)
         for ctx in self.s.contexts:
-            rope_note = fit_context(self.s.lm, self.s.total_positions(ctx), self.cfg.yarn)
+            rope_note = fit_context(self.s.lm, ctx, self.cfg.yarn)
             for batch in self.cfg.batch:
                 cell_rows = [self._cell(mode, ctx, batch, rope_note) for mode in self.s.modes]
                 base = next((r for r in cell_rows if r["kv_cache_mode"] == "fp16" and r["status"] == "ok"), None)
@@ -65,7 +67,98 @@ class BenchJob:
                         r["peak_delta_gb"] = round(r["peak_mem_gb"] - base["peak_mem_gb"], 4)
                     self.writer.write(r)
                     self.rows.append(r)
+        if self.cfg.capacity:
+            ctx = max(self.s.contexts)
+            rope_note = fit_context(self.s.lm, ctx, self.cfg.yarn)
+            for mode in self.s.modes:
+                for r in self._capacity(mode, ctx, rope_note):
+                    self.writer.write(r)
+                    self.rows.append(r)
+                self.p.cell_done()
         return self.rows
+
+    # ------------------------------------------------------------------ capacity
+    def _fits(self, mode: str, ctx: int, batch: int) -> dict | None:
+        """Allocate `batch` caches of `ctx` tokens and run two decode steps; None on OOM."""
+        s = self.s
+        if s.device.type != "cuda":  # a CPU allocation never fails: the OS kills the process instead
+            probe = s.caches(mode, batch=1, capacity=1)
+            kv = batch * ctx * sum(c.bytes_per_token() for c in probe)
+            need = kv + s.lm.weight_bytes()
+            if need > self._budget:
+                return None
+            return {"kv_bytes": kv, "peak_mem_gb": round(need / GB, 4), "peak_mem_kind": "cpu_estimate"}
+        caches = None
+        try:
+            reset_peak(s.device)
+            caches = s.caches(mode, batch=batch, capacity=ctx + 4)
+            for c in caches:
+                c.pretend_filled(ctx)  # memory, not values, is what is measured here
+            step = self._stepper(s.lm.model, caches, None, s.fused(caches), graphs=False)
+            tok = torch.zeros(batch, 1, dtype=torch.long, device=s.device)
+            for _ in range(2):
+                tok = step(tok)
+            synchronize(s.device)
+            peak, kind = peak_bytes(s.device)
+            return {
+                "kv_bytes": sum(c.nbytes() for c in caches),
+                "peak_mem_gb": round(peak / GB, 4),
+                "peak_mem_kind": kind,
+            }
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            return None
+        finally:
+            del caches
+            release(s.device)
+
+    def _capacity(self, mode: str, ctx: int, rope_note: str) -> list[dict]:
+        """The largest batch that fits at `ctx` (and the first that does not)."""
+        s = self.s
+        res = s.resolve(mode)
+        label = f"capacity {ctx} {mode}"
+        self.p.step(label, 1)
+        budget = available_bytes(s.device)
+        if self.cfg.memory_budget_gb:
+            budget = min(budget, self.cfg.memory_budget_gb * GB)
+        self._budget = budget
+        probe = s.caches(res.effective, batch=1, capacity=1)
+        per_seq = sum(c.bytes_per_token() for c in probe) * ctx
+        del probe
+        guess = max(1, int(budget * 0.97 // per_seq))
+        lo, hi, best = 0, None, None  # lo fits, hi does not
+        b = guess
+        for _ in range(12):
+            got = self._fits(res.effective, ctx, b)
+            if got:
+                lo, best = b, got
+            else:
+                hi = b
+            if hi is not None and hi - lo <= 1:
+                break
+            b = (lo + hi) // 2 if hi is not None else b * 2
+            if b == 0:
+                break
+        base = {
+            **s.base_row,
+            "context_tokens": ctx,
+            "kv_cache_mode": mode,
+            "effective_mode": res.effective,
+            "boundary_v": s.boundary_v(res.effective),
+            "weight_bytes": s.lm.weight_bytes(),
+            "kernel": s.kernel,
+        }
+        how = "allocated and decoded" if s.device.type == "cuda" else "estimated from buffer sizes, not allocated"
+        note = f"capacity search at {ctx} tokens: largest batch that fits in {budget / GB:.1f} GB ({how})"
+        notes = "; ".join(n for n in (rope_note, res.note, note) if n)
+        rows = []
+        if best:
+            rows.append({**base, **best, "batch": lo, "status": "ok", "notes": notes,
+                         "kv_bytes_per_token": round(best["kv_bytes"] / (lo * ctx), 1)})  # fmt: skip
+        if hi is not None:
+            rows.append({**base, "batch": hi, "status": "oom", "notes": notes})
+        return rows
 
     # ---------------------------------------------------------------------- cell
     def _cell(self, mode: str, ctx: int, batch: int, rope_note: str) -> dict:
@@ -80,7 +173,6 @@ class BenchJob:
             "batch": batch,
             "repeats": cfg.repeats,
             "warmup": cfg.warmup,
-            "cuda_graphs": False,
             "boundary_v": self.s.boundary_v(res.effective),
             "max_kv_size": cfg.max_kv_size,
             "keep": cfg.keep if cfg.max_kv_size else None,
@@ -132,7 +224,10 @@ class BenchJob:
         out["kv_bytes"] = kv_bytes
         out["kv_bytes_per_token"] = round(kv_bytes / (batch * caches[0].live), 1)
 
-        step = self._stepper(model, caches, cap)
+        fused = s.fused(caches)
+        out["kernel"] = s.kernel if fused else "reference"
+        out["cuda_graphs"] = fused and cfg.cuda_graphs
+        step = self._stepper(model, caches, cap, fused)
         self.p.step(f"{label}: warmup", cfg.warmup)
         for i in range(cfg.warmup):
             tok = step(tok)
@@ -173,7 +268,20 @@ class BenchJob:
         ids = prompts.build_prompt(lm.tokenizer, ctx)
         return ids.expand(batch, -1).contiguous().to(self.s.device)
 
-    def _stepper(self, model, caches, cap):
+    def _stepper(self, model, caches, cap, fused: bool, graphs: bool | None = None):
+        """tok [B, 1] -> next tok; on the fused path the decoder feeds its own argmax."""
+        if fused:
+            from kvbench.engine.fast_decode import FastDecoder
+
+            graphs = self.cfg.cuda_graphs if graphs is None else graphs
+            dec = FastDecoder(model, caches, caches[0].batch, cuda_graphs=graphs, cap=cap)
+
+            def fused_step(tok):
+                dec.step(tok)
+                return None
+
+            return fused_step
+
         def step(tok):
             return decode_one_token(model, tok, caches, cap).argmax(-1, keepdim=True)
 

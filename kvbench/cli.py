@@ -117,6 +117,10 @@ Formats = Annotated[
     str | None,
     typer.Option("--format", help="Outputs beside the CSV: csv,json,md. [default: csv,json]", show_default=False),
 ]
+NoGraphs = Annotated[
+    bool | None,
+    typer.Option("--no-cuda-graphs", help="GPU: decode eagerly instead of replaying a CUDA graph.", show_default=False),
+]
 Quiet = Annotated[bool | None, typer.Option("--quiet", "-q", help="No progress bars or tables.", show_default=False)]
 Resume = Annotated[
     bool | None, typer.Option("--resume", help="Skip cells already in the results folder.", show_default=False)
@@ -134,6 +138,8 @@ def _common(**kw) -> dict:
     out["formats"] = config_mod.parse_list(kw.pop("formats", None))
     if out.get("plugin") == []:
         out["plugin"] = None
+    if out.pop("no_cuda_graphs", None):
+        out["cuda_graphs"] = False
     return out
 
 
@@ -217,6 +223,39 @@ def audit(
             show_default=False,
         ),
     ] = None,
+    kv_cap_check: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma list of KV caps N: each mode also decodes with --max-kv-size N, once keeping --keep sink "
+            "tokens and once keeping none (the seed engine's bug), checked for degenerate output.",
+            show_default=False,
+        ),
+    ] = None,
+    prefix_reuse: Annotated[
+        bool | None,
+        typer.Option(
+            "--prefix-reuse",
+            help="Also check prompt-cache reuse: a donated prefix, adopted, then only the suffix prefilled.",
+            show_default=False,
+        ),
+    ] = None,
+    niah: Annotated[
+        bool | None,
+        typer.Option(
+            "--niah", help="Also run needle-in-a-haystack at --niah-depths of each context.", show_default=False
+        ),
+    ] = None,
+    niah_depths: Annotated[
+        str | None, typer.Option(help="Needle depths as fractions. [default: 0,0.25,0.5,0.75,1]", show_default=False)
+    ] = None,
+    compare_kernels: Annotated[
+        bool | None,
+        typer.Option(
+            "--compare-kernels",
+            help="GPU: also run every mode through both the Triton and the reference path and check they agree.",
+            show_default=False,
+        ),
+    ] = None,
     device: Device = None,
     dtype: Dtype = None,
     kernel: Kernel = None,
@@ -229,6 +268,7 @@ def audit(
     yarn: Yarn = None,
     formats: Formats = None,
     quiet: Quiet = None,
+    no_cuda_graphs: NoGraphs = None,
 ) -> None:
     """Does each mode run, and is its output still right? Greedy decode per mode vs fp16 on the same prompt.
 
@@ -236,7 +276,9 @@ def audit(
     greedily by every mode; each is compared with fp16: identical or first divergent token, token
     match, teacher-forced top-1 agreement and KL, and a degenerate-output check. Writes audit.csv.
     """
-    cli = _common(**{k: v for k, v in locals().items() if k != "config"})
+    cli = _common(**{k: v for k, v in locals().items() if k not in ("config", "kv_cap_check", "niah_depths")})
+    cli["kv_caps"] = config_mod.parse_int_list(kv_cap_check, "kv-cap-check")
+    cli["niah_depths"] = config_mod.parse_float_list(niah_depths, "niah-depths")
     _run("audit", config_mod.build_config("audit", config, cli))
 
 
@@ -258,6 +300,18 @@ def decode_bench(
     repeats: Annotated[
         int | None, typer.Option(help="Timed repeats; the median is reported. [default: 3]", show_default=False)
     ] = None,
+    capacity: Annotated[
+        bool | None,
+        typer.Option(
+            "--capacity",
+            help="Also search the largest batch that fits at the longest context, per mode.",
+            show_default=False,
+        ),
+    ] = None,
+    memory_budget_gb: Annotated[
+        float | None,
+        typer.Option(help="Memory budget for --capacity. [default: free device memory]", show_default=False),
+    ] = None,
     fill: Annotated[
         str | None,
         typer.Option(
@@ -278,6 +332,7 @@ def decode_bench(
     yarn: Yarn = None,
     formats: Formats = None,
     quiet: Quiet = None,
+    no_cuda_graphs: NoGraphs = None,
 ) -> None:
     """What does each mode cost or buy? Warmed decode tok/s, peak memory and KV bytes per mode, context and batch.
 

@@ -37,6 +37,7 @@ class Common:
     resume: bool = False
     force: bool = False
     devices: str | None = None
+    cuda_graphs: bool = True
 
 
 @dataclass
@@ -51,7 +52,7 @@ class AuditConfig(Common):
     niah: bool = False
     niah_depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     prefix_reuse: bool = False
-    kv_caps: list[int] = field(default_factory=list)  # --max-kv-check: caps audited with keep and keep=0
+    kv_caps: list[int] = field(default_factory=list)  # --kv-cap-check: caps audited with keep and keep=0
     compare_kernels: bool = False
 
 
@@ -62,7 +63,6 @@ class BenchConfig(Common):
     gen: int = 128
     repeats: int = 3
     fill: str = "auto"
-    cuda_graphs: bool = True
     capacity: bool = False
     memory_budget_gb: float | None = None
 
@@ -155,6 +155,9 @@ def validate(cfg, where: str = "command line") -> None:
             bad("gen-tokens", "must be at least 2")
         if cfg.ppl_windows < 1 or cfg.ppl_chunk < 1:
             bad("ppl-windows/ppl-chunk", "must be positive")
+        for cap in cfg.kv_caps:
+            if cap <= cfg.keep:
+                bad("kv-cap-check", f"cap {cap} must exceed --keep ({cfg.keep})")
         for d in cfg.niah_depths:
             if not 0.0 <= d <= 1.0:
                 bad("niah-depths", f"depth {d} is outside [0, 1]")
@@ -189,6 +192,15 @@ def parse_int_list(text: str | None, name: str) -> list[int] | None:
     if not out:
         raise KvbenchError(f"--{name}: give at least one value")
     return out
+
+
+def parse_float_list(text: str | None, name: str) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        return [float(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise KvbenchError(f"--{name}: '{text}' is not a comma list of numbers") from None
 
 
 def parse_list(text: str | None) -> list[str] | None:

@@ -40,15 +40,20 @@ def distinct_ratio(items: list) -> float:
     return len(set(items)) / len(items) if items else 1.0
 
 
-def echoes_question(text: str, question: str, n: int = 5) -> bool:
-    """True if some n words of the question come back at least twice."""
+def echoes_question(text: str, question: str, n: int = 5, verbatim: int = 8) -> bool:
+    """True if some `n` words of the question come back at least twice, or a run
+    of `verbatim` consecutive question words is copied (an answer restates a few
+    words of its question, not a whole clause)."""
     q = words(question)
     w = words(text)
     if len(q) < n or len(w) < n:
         return False
     q_grams = {tuple(q[i : i + n]) for i in range(len(q) - n + 1)}
     counts = Counter(tuple(w[i : i + n]) for i in range(len(w) - n + 1))
-    return any(counts[g] >= 2 for g in q_grams)
+    if any(counts[g] >= 2 for g in q_grams):
+        return True
+    long_q = {tuple(q[i : i + verbatim]) for i in range(len(q) - verbatim + 1)}
+    return any(tuple(w[i : i + verbatim]) in long_q for i in range(len(w) - verbatim + 1))
 
 
 @dataclass

@@ -93,7 +93,7 @@ class Session:
         elem = torch.finfo(self.dtype).bits // 8
         avail = available_bytes(self.device)
         for ctx in self.contexts:
-            fit_context(self.lm, self.total_positions(ctx), self.cfg.yarn)
+            fit_context(self.lm, ctx, self.cfg.yarn)
             kv = a.kv_bytes_per_token_fp16(elem) * self.total_positions(ctx) * batch
             # the cheapest mode stores ~1/4 of fp16; on CPU an OOM kills the process, so be strict there
             need = kv if self.device.type == "cpu" else kv / 4
@@ -105,7 +105,7 @@ class Session:
         self.lm.model.set_rope(a.hf_config)
 
     # ----------------------------------------------------------------- helpers
-    def caches(self, mode: str, *, batch: int = 1, capacity: int = 0) -> list:
+    def caches(self, mode: str, *, batch: int = 1, capacity: int = 0, kernel: str | None = None) -> list:
         a = self.lm.args
         return registry.build_caches(
             mode,
@@ -117,8 +117,20 @@ class Session:
             device=self.device,
             capacity=capacity,
             boundary_v=self.cfg.boundary_v,
-            kernel=self.kernel,
+            kernel=kernel or self.kernel,
         )
+
+    def fused(self, caches: list) -> bool:
+        """Decode through the Triton kernels (GPU, --kernel triton, every layer's mode has them)."""
+        from kvbench.engine.fast_decode import fused_supported
+
+        return self.kernel == "triton" and self.device.type == "cuda" and fused_supported(caches)
+
+    def stepper(self, caches: list, cap=None, *, fused: bool | None = None):
+        from kvbench.engine.generate import make_stepper
+
+        fused = self.fused(caches) if fused is None else fused
+        return make_stepper(self.lm.model, caches, cap, fused=fused, cuda_graphs=self.cfg.cuda_graphs)
 
     def resolve(self, mode: str) -> registry.Resolution:
         return registry.resolve_for_model(mode, self.lm.model_type, no_fallback=self.cfg.no_fallback)

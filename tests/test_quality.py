@@ -61,3 +61,12 @@ def test_kl_zero_for_identical_and_positive_otherwise(seed):
     assert quality.kl_divergence(a, a) < 1e-6
     assert quality.kl_divergence(a, a + torch.randn(5, 50)) > 0.01
     assert abs(quality.top2_margin(torch.tensor([1.0, 3.0, 2.5])) - 0.5) < 1e-6
+
+
+def test_a_copied_question_clause_is_an_echo():
+    # SmolLM2-135M with a 128-token KV cap and no sink tokens (keep=0), kvbench on CPU
+    echo = "The closest to the Sun, and what is special about the planet Saturn, is"
+    assert quality.detect_degenerate(echo, question=QUESTION).degenerate
+    # restating a few words of the question is fine
+    ok = "The planet closest to the Sun is Mercury, and Saturn is special because of its rings."
+    assert not quality.detect_degenerate(ok, question=QUESTION).degenerate

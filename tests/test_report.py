@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvbench.errors import KvbenchError
-from kvbench.report import render_report
+from kvbench.report import fmt_pct, fmt_ppl_delta, render_report
 from kvbench.results import AUDIT_COLUMNS, BENCH_COLUMNS, ResultsWriter
 
 RUNS_COLUMNS = ["date", "job", "command", "device", "model", "kvbench_version", "git_commit", "wall_s"]
@@ -36,6 +36,13 @@ SECTIONS = [
     "## Recommendation",
     "## Raw data",
 ]
+
+
+FALLBACK_NOTE = (
+    "turbo4 is only allowed for model families qwen3_5, qwen3_5_moe, qwen3_next; "
+    "'llama' runs as turbo4-asym (pass --no-fallback to run turbo4 anyway)"
+)
+FALLBACK_SHORT = "runs as turbo4-asym on llama (allowlist: qwen3_5, qwen3_5_moe, qwen3_next)"
 
 
 def _greedy(mode, ctx, status="ok", verdict="identical", **kw):
@@ -97,7 +104,7 @@ def audit_rows():
             effective_mode="turbo4-asym",
             top1_agreement=0.99,
             kl_div=0.0042,
-            notes="turbo4 not allowed for llama; runs as turbo4-asym",
+            notes=FALLBACK_NOTE,
         ),
         _greedy(
             "turbo4",
@@ -270,13 +277,15 @@ def test_status_matrix(full):
     by_mode = {r.split("|")[1].strip().strip("`"): r for r in rows}
     assert "`--modes int8`" in by_mode["int8"]
     assert "2K: identical (top-1 100.0%, KL 0)" in by_mode["int8"]
-    assert "ppl Δ +0.0044 at 2K" in by_mode["int8"]
+    # ppl_delta is the relative change vs fp16, shown as a signed percentage.
+    assert "ppl Δ +0.44% at 2K" in by_mode["int8"]
+    assert "ppl Δ +55.4% at 2K" in by_mode["turbo3-asym"]
     assert "2K 0.95x, 32K 1.12x" in by_mode["int8"]
     assert "18.18 GB at 32K (-10.8% vs fp16)" in by_mode["int8"]
     assert "8K: near-tie at token 40 (top-1 97.0%, KL 0.0123)" in by_mode["turbo4-asym"]
     assert "2K: diverged at token 17" in by_mode["turbo3-asym"]
     assert "8K: degenerate (repetition)" in by_mode["turbo4-delegated"]
-    assert "ran as turbo4-asym (fallback)" in by_mode["turbo4"]
+    assert FALLBACK_SHORT in by_mode["turbo4"] and "pass --no-fallback" not in by_mode["turbo4"]
     assert "error at 8K" in by_mode["turbo4"]
     # A pipe inside a note is escaped, so the row keeps its 7 cells.
     assert "illegal \\| memory access" in by_mode["turbo4"]
@@ -289,7 +298,8 @@ def test_quality_and_checks(full):
     quality = text.split("## Quality per context", 1)[1].split("\n## ", 1)[0]
     assert "| Mode | 2K | 8K |" in quality
     assert "diverged@17 · 94.0% · KL 0.0456" in quality
-    assert "12.350 (Δ +0.0044)" in text
+    assert "12.350 (Δ +0.44%)" in text and "12.900 (Δ +55.4%)" in text
+    assert "Δ is the relative change vs fp16" in text and "difference to fp16" not in text
     assert "| `turbo4-asym` | 75% | 2/2 | 1/2 |" in text
     assert "max 512, keep 0" in text
 
@@ -424,6 +434,186 @@ def test_sparse_csv_with_missing_columns(tmp_path):
     text = render_report([folder]).read_text()
     assert "`weird`" in text and "15.2" in text
     assert "0.98" not in text or "98.0%" in text
+
+
+def test_fraction_formatters():
+    # Fractions above 1 are real (a pure-read kernel can beat the copy-bandwidth floor), not percentages.
+    assert fmt_pct(1.0285) == "102.9%"
+    assert fmt_pct(1.0) == "100.0%" and fmt_pct(0.969) == "96.9%" and fmt_pct(0.0) == "0.0%"
+    assert fmt_pct(float("nan")) == "—"
+    # ppl_delta = ppl / ppl_fp16 - 1, as a signed percentage with 2-3 significant digits.
+    assert fmt_ppl_delta(0.000806) == "+0.081%"
+    assert fmt_ppl_delta(-3.3e-05) == "-0.0033%"
+    assert fmt_ppl_delta(0.0123) == "+1.23%"
+    assert fmt_ppl_delta(0.5544) == "+55.4%"
+    assert fmt_ppl_delta(None) == "—"
+
+
+def _h200_like(folder: Path) -> str:
+    """Rows shaped like the H200 results: YaRN and generic notes, a fallback and a --no-fallback turbo4."""
+    prov = {**PROV, "model": "SmolLM2", "git_commit": "unknown"}
+    forced = "turbo4 forced on llama (--no-fallback)"
+    audit = []
+    for ctx, yarn in (
+        (2048, ""),
+        (8192, "yarn x2 (8256 positions > 8192 trained)"),
+        (32768, "yarn x8 (32832 positions > 8192 trained)"),
+    ):
+
+        def notes(*extra, yarn=yarn):
+            return "; ".join(n for n in (yarn, *extra) if n)
+
+        for mode, eff, status, note in (
+            ("fp16", "fp16", "ok", ""),
+            ("turbo4", "turbo4-asym", "fallback", FALLBACK_NOTE),
+            ("turbo4", "turbo4", "diverged", forced),
+        ):
+            verdict = "reference" if mode == "fp16" else "near-tie" if eff != "turbo4" else "diverged"
+            base = {**prov, "effective_mode": eff, "status": status}
+            audit.append(
+                _greedy(mode, ctx, verdict=verdict, first_divergence=7, top1_agreement=0.9, notes=notes(note), **base)
+            )
+            if eff == "turbo4":
+                continue  # the raw turbo4 job ran only the greedy check
+            tf = f"teacher-forced on fp16's 64 tokens; max |logit difference| {0.625 if mode == 'fp16' else 1.38}"
+            audit.append(
+                _greedy(
+                    mode,
+                    ctx,
+                    verdict="",
+                    check="kernel",
+                    kl_div=0.001,
+                    top1_agreement=0.97,
+                    notes=notes(note, tf),
+                    **base,
+                )
+            )
+            reuse = f"reused {ctx - 24} cached tokens; compared with a fresh prefill of the same {ctx} tokens"
+            audit.append(
+                _greedy(mode, ctx, check="prefix_reuse", cached_tokens=ctx - 24, notes=notes(note, reuse), **base)
+            )
+            if ctx < 32768:
+                ppl = 28.886 if mode == "fp16" else 28.8948
+                audit.append(
+                    _greedy(
+                        mode,
+                        ctx,
+                        verdict="",
+                        check="ppl",
+                        ppl=ppl,
+                        ppl_delta=None if mode == "fp16" else 0.000806,
+                        notes=notes(note, f"1 window(s) of {ctx} tokens, chunk 1024"),
+                        **base,
+                    )
+                )
+    bench = []
+    for ctx in (2048, 32768):
+        fill = f"context filled with random K/V (no prefill; synthetic model); decode positions {ctx + 8}..{ctx + 200}"
+        for batch in (1, 16):
+            bench.append(_bench("fp16", ctx, batch, 200.0, 1.0, 20.0, notes=fill, roofline_frac=1.0285, **prov))
+            bench.append(
+                _bench(
+                    "turbo4", ctx, batch, 190.0, 0.95, 19.0, notes=f"{forced}; {fill}", effective_mode="turbo4", **prov
+                )
+            )
+            bench.append(
+                _bench(
+                    "turbo4",
+                    ctx,
+                    batch,
+                    195.0,
+                    0.97,
+                    19.5,
+                    status="fallback",
+                    effective_mode="turbo4-asym",
+                    notes=f"{FALLBACK_NOTE}; {fill}",
+                    **prov,
+                )
+            )
+    write(folder, audit=audit, bench=bench)
+    return render_report([folder]).read_text()
+
+
+def _section(text: str, heading: str) -> str:
+    return text.split(heading, 1)[1].split("\n## ", 1)[0]
+
+
+def test_roofline_above_one(tmp_path):
+    bench = _section(_h200_like(tmp_path), "## Benchmark")
+    assert "| 102.9% |" in bench
+    assert "| 1.0% |" not in bench
+
+
+def test_no_fallback_rows_are_not_fallbacks(tmp_path):
+    text = _h200_like(tmp_path)
+    rows = _matrix_rows(text)
+    by_mode = {r.split("|")[1].strip().strip("`"): r for r in rows}
+    raw = by_mode["turbo4 (no fallback)"]
+    assert "`--modes turbo4 --no-fallback`" in raw
+    assert "(fallback)" not in raw and "ran as" not in raw
+    assert "`--modes turbo4`" in by_mode["turbo4"]
+    assert "(no fallback) ran as" not in text
+    assert "ran as turbo4 (fallback)" not in text
+    assert "(as turbo4)" not in text  # benchmark table suffix
+    assert "(as turbo4-asym)" in text  # the real fallback keeps it
+    rec = _section(text, "## Recommendation")
+    fallback_lines = [ln for ln in rec.splitlines() if "Fallback:" in ln]
+    assert fallback_lines and all("no fallback" not in ln for ln in fallback_lines)
+    assert "`turbo4` ran as `turbo4-asym`" in rec
+    summary = _section(text, "## Summary")
+    assert "turbo4 ran as turbo4-asym (fallback)" in summary
+
+
+def test_status_matrix_notes_are_short(tmp_path):
+    text = _h200_like(tmp_path)
+    rows = _matrix_rows(text)
+    by_mode = {r.split("|")[1].strip().strip("`"): r for r in rows}
+    notes = {m: re.split(r"(?<!\\)\|", r)[-2].strip() for m, r in by_mode.items()}
+    assert notes["turbo4"] == f"{FALLBACK_SHORT}; YaRN at 8K (x2) and 32K (x8)"
+    assert notes["turbo4 (no fallback)"] == "turbo4 forced on llama (--no-fallback); YaRN at 8K (x2) and 32K (x8)"
+    assert notes["fp16"] == "YaRN at 8K (x2) and 32K (x8)"
+    assert "ppl Δ +0.081% at 2K; ppl Δ +0.081% at 8K" in by_mode["turbo4"]
+    for r in rows:
+        cell = re.split(r"(?<!\\)\|", r)[-2].strip()
+        assert len(cell) <= 200, cell
+        for generic in (
+            "more notes",
+            "teacher-forced",
+            "reused",
+            "window(s)",
+            "random K/V",
+            "decode positions",
+            "yarn x",
+        ):
+            assert generic not in cell, (generic, cell)
+
+
+def test_repeated_notes_hoisted_above_tables(tmp_path):
+    text = _h200_like(tmp_path)
+    kernel = _section(text, "## Kernel checks")
+    assert kernel.count("teacher-forced on fp16's 64 tokens") == 1
+    assert "Notes on every row: teacher-forced on fp16's 64 tokens." in kernel
+    assert "8K: yarn x2 (8256 positions > 8192 trained)" in kernel
+    kernel_rows = [ln for ln in kernel.splitlines() if ln.startswith("| `")]
+    assert all("yarn" not in ln and "teacher-forced" not in ln for ln in kernel_rows)
+    assert sum("max \\|logit difference\\| 1.38" in ln for ln in kernel_rows) == 3  # differs per row: kept
+    assert any(FALLBACK_SHORT in ln for ln in kernel_rows)
+    prefix = _section(text, "## Prefix reuse")
+    assert prefix.count("reused 2024 cached tokens") == 1
+    assert all("reused" not in ln for ln in prefix.splitlines() if ln.startswith("| `"))
+    bench = _section(text, "## Benchmark")
+    assert bench.count("context filled with random K/V") == 1
+    assert "Notes on every row: context filled with random K/V (no prefill; synthetic model)." in bench
+    assert bench.count("decode positions 2056..2248") == 1
+    bench_rows = [ln for ln in bench.splitlines() if re.match(r"\| \d+K \|", ln)]
+    assert all("decode positions" not in ln for ln in bench_rows)
+    assert sum("turbo4 forced on llama (--no-fallback)" in ln for ln in bench_rows) == 4
+
+
+def test_git_commit_unknown(tmp_path):
+    text = _h200_like(tmp_path)
+    assert "0.1.0 (git commit not recorded)" in text
+    assert "git unknown" not in text
 
 
 def test_no_data_raises(tmp_path):

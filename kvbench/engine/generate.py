@@ -113,16 +113,31 @@ def decode_one_token(model, token: torch.Tensor, caches: list, cap: KVCap | None
     return forward_chunk(model, token, caches, cap)[:, -1]
 
 
+def make_stepper(model, caches, cap: KVCap | None = None, *, fused: bool = False, cuda_graphs: bool = True):
+    """A function token [B, 1] -> next-token logits [B, V] (a fresh tensor).
+
+    `fused`: the GPU path (Triton kernels, one CUDA graph per decoder); else the
+    reference path through each cache's `attend`.
+    """
+    if fused:
+        from kvbench.engine.fast_decode import FastDecoder
+
+        dec = FastDecoder(model, caches, caches[0].batch, cuda_graphs=cuda_graphs, cap=cap)
+        return lambda tok: dec.step(tok).clone()
+    return lambda tok: decode_one_token(model, tok, caches, cap)
+
+
 @torch.inference_mode()
-def greedy_decode(model, first_logits, caches, n: int, cap: KVCap | None = None, on_token=None):
+def greedy_decode(model, first_logits, caches, n: int, cap: KVCap | None = None, on_token=None, step=None):
     """Greedy continuation of n tokens from the prefill's last logits.
 
     Returns (tokens [B, n], logits [B, n, V] for each emitted position).
     """
+    step = step or make_stepper(model, caches, cap)
     tok = first_logits.argmax(-1, keepdim=True)
     tokens, logits = [tok], [first_logits]
     for i in range(n - 1):
-        lg = decode_one_token(model, tok, caches, cap)
+        lg = step(tok)
         tok = lg.argmax(-1, keepdim=True)
         tokens.append(tok)
         logits.append(lg)
@@ -139,12 +154,14 @@ def teacher_forced(
     forced: torch.Tensor,
     cap: KVCap | None = None,
     on_token=None,
+    step=None,
 ):
     """Logits at each position when the sequence `forced` [B, n] is fed back one
     decode step at a time (the decode path, not a prefill): [B, n, V]."""
+    step = step or make_stepper(model, caches, cap)
     logits = [first_logits]
     for i in range(forced.shape[1] - 1):
-        logits.append(decode_one_token(model, forced[:, i : i + 1], caches, cap))
+        logits.append(step(forced[:, i : i + 1]))
         if on_token:
             on_token(i + 1)
     return torch.stack(logits, 1)

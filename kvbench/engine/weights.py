@@ -319,13 +319,14 @@ def _load_hf_folder(folder: Path, device, dtype, *, model_id: str, weights_hash:
     )
 
 
-def fit_context(lm: LoadedModel, total_tokens: int, yarn: str = "auto") -> str:
-    """Set RoPE for a run of `total_tokens` positions; return a note (or "").
+def fit_context(lm: LoadedModel, context: int, yarn: str = "auto") -> str:
+    """Set RoPE for a prompt of `context` tokens; return a note (or "").
 
     A default-RoPE model asked past its trained length gets YaRN with the smallest
-    power-of-two factor that covers it (`yarn="auto"`, at most x16); a number
-    forces that factor; "off" refuses. Models with their own long-context
-    scaling (llama3, yarn) are refused past `max_position_embeddings`.
+    power-of-two factor that covers the context (`yarn="auto"`, at most x16; the
+    few decoded tokens after the prompt may run slightly past it); a number forces
+    that factor; "off" refuses. Models with their own long-context scaling
+    (llama3, yarn) are refused past `max_position_embeddings`.
     """
     cfg = lm.args.hf_config
     trained = lm.args.max_position_embeddings
@@ -334,19 +335,19 @@ def fit_context(lm: LoadedModel, total_tokens: int, yarn: str = "auto") -> str:
         factor = float(yarn)
         lm.model.set_rope(with_yarn(cfg, factor, trained))
         return f"yarn x{factor:g} (forced)"
-    if total_tokens <= trained:
+    if context <= trained:
         lm.model.set_rope(cfg)
         return ""
     if kind != "default" or yarn == "off":
         raise KvbenchError(
-            f"context of {total_tokens} tokens exceeds what {lm.model_id} allows ({trained} positions, RoPE '{kind}')"
+            f"context of {context} tokens exceeds what {lm.model_id} allows ({trained} positions, RoPE '{kind}')"
         )
     factor = 2
-    while trained * factor < total_tokens:
+    while trained * factor < context:
         factor *= 2
     if factor > 16:
         raise KvbenchError(
-            f"context of {total_tokens} tokens needs YaRN x{factor} over {trained} trained positions (at most x16)"
+            f"context of {context} tokens needs YaRN x{factor} over {trained} trained positions (at most x16)"
         )
     lm.model.set_rope(with_yarn(cfg, factor, trained))
-    return f"yarn x{factor} ({total_tokens} positions > {trained} trained)"
+    return f"yarn x{factor} (context {context} > {trained} trained)"

@@ -32,6 +32,9 @@ class KVCache:
     summary: ClassVar[str] = ""
     #: whether boundary-V protection (fp16 first/last layers) applies to this mode
     boundary_v_applies: ClassVar[bool] = False
+    #: the storage format's name in `kvbench.kernels` (None: no fused GPU path; the
+    #: mode then decodes through the reference `attend` without CUDA graphs)
+    kernel_mode: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -167,6 +170,42 @@ class KVCache:
             k = torch.cat([pk.to(k.dtype), k], dim=2)
             v = torch.cat([pv.to(v.dtype), v], dim=2)
         return sdpa(q, k, v, scale)
+
+    # ------------------------------------------------- fused GPU decode (Triton kernels)
+    def kernel_args(self) -> dict:
+        """Extra arguments of the kernels for this format (signs, codebooks)."""
+        return {}
+
+    def use_triton(self) -> bool:
+        return self.kernel == "triton" and self.kernel_mode is not None and self.device.type == "cuda"
+
+    def fused_decode(self, q, k, v, length, cold, workspace, scale):
+        """Attention of one decode token over L stored tokens plus itself, then its
+        quantize-on-write into slot L; L (and C) are device tensors. q [B, Hq, D],
+        k/v [B, Hkv, D]. The host calls `after_fused_append` afterwards."""
+        from kvbench.kernels.decode_attention import decode_attention
+        from kvbench.kernels.quantize import write_kv
+
+        args = self.kernel_args()
+        attn_args = {k_: v_ for k_, v_ in args.items() if not k_.endswith("boundaries")}
+        attn_args.update({k_: v_.to(torch.float16) for k_, v_ in args.items() if k_.endswith("codebook")})
+        out = decode_attention(
+            self.kernel_mode, q, k, v, self.buffers, length, scale, cold_length=cold, workspace=workspace, **attn_args
+        )
+        write_kv(self.kernel_mode, k, v, self.buffers, length, cold_length=cold, **args)
+        return out
+
+    def pretend_filled(self, n: int) -> None:
+        """Mark `n` tokens live without writing them (memory-capacity probes only)."""
+        self.reserve(n)
+        self.offset, self.dropped = n, 0
+
+    def begin_decode(self) -> None:
+        """Called once before fused decoding starts."""
+
+    def after_fused_append(self) -> None:
+        """Host bookkeeping after a fused step wrote one token."""
+        self.offset += 1
 
     # ----------------------------------------------------------- snapshots and reuse
     def clone(self) -> KVCache:

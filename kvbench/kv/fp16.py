@@ -13,6 +13,7 @@ class FP16Cache(KVCache):
     name = "fp16"
     aliases = ("f16", "bf16", "baseline")
     summary = "K and V stored unchanged in the model's compute dtype (the reference)"
+    kernel_mode = "fp16"
 
     def _allocate(self, capacity):
         shape = (self.batch, self.n_kv_heads, capacity, self.head_dim)

@@ -34,6 +34,7 @@ class Int8Cache(KVCache):
     name = "int8"
     aliases = ("i8",)
     summary = "per-token absmax int8 K and V with an fp32 scale per token-head"
+    kernel_mode = "int8"
 
     def _allocate(self, capacity):
         b, h, d = self.batch, self.n_kv_heads, self.head_dim
@@ -46,6 +47,11 @@ class Int8Cache(KVCache):
         }
 
     def _store(self, start, k, v):
+        if self.use_triton():
+            from kvbench.kernels.quantize import write_kv
+
+            write_kv("int8", k.contiguous(), v.contiguous(), self.buffers, start)
+            return
         t = k.shape[2]
         sl = slice(start, start + t)
         for name, x in (("k", k), ("v", v)):

@@ -75,7 +75,26 @@ class TurboCache(KVCache):
             return turbo.dequantize_rotated(codes, scale, bits, self.head_dim)
         return turbo.dequantize(codes, scale, bits, self.rotations[x], self.dtype)
 
+    @property
+    def kernel_mode(self) -> str:
+        return self.name
+
+    def kernel_args(self) -> dict:
+        args = {}
+        for x, bits in (("k", self.k_bits), ("v", self.v_bits)):
+            if bits is not None:
+                rot = self.rotations[x]
+                args[f"{x}_signs"] = (rot.s1, rot.s2)
+                args[f"{x}_codebook"] = turbo.codebook(bits, self.head_dim, self.device)
+                args[f"{x}_boundaries"] = turbo.boundaries(bits, self.head_dim, self.device)
+        return args
+
     def _store(self, start, k, v):
+        if self.use_triton():
+            from kvbench.kernels.quantize import write_kv
+
+            write_kv(self.name, k.contiguous(), v.contiguous(), self.buffers, start, **self.kernel_args())
+            return
         self._write("k", self.k_bits, start, k)
         self._write("v", self.v_bits, start, v)
 
@@ -168,7 +187,8 @@ class Turbo4DelegatedCache(TurboCache):
     def _allocate(self, capacity):
         out = self._side_buffers("k", None, capacity)
         out.update(self._side_buffers("v", 4, capacity))
-        out.update(self._side_buffers("v_hot", None, min(capacity, self.HOT_MAX)))
+        # +1: the fused decode step writes a token before the host folds
+        out.update(self._side_buffers("v_hot", None, min(capacity, self.HOT_MAX) + 1))
         return out
 
     def _to_cold(self, v):
@@ -200,6 +220,30 @@ class Turbo4DelegatedCache(TurboCache):
         self._to_cold(v[:, :, : n_fold - from_hot])
         rest = v[:, :, n_fold - from_hot :]
         self.buffers["v_hot"][:, :, hot_len : hot_len + rest.shape[2]] = rest
+
+    def attend(self, q, k, v, scale):
+        if q.shape[2] == 1:  # the start of decode folds the prefill before it is attended
+            self.begin_decode()
+        return super().attend(q, k, v, scale)
+
+    def reference_attend(self, q, k, v, scale):
+        if q.shape[2] == 1:
+            self.begin_decode()
+        return super().reference_attend(q, k, v, scale)
+
+    def pretend_filled(self, n):
+        super().pretend_filled(n)
+        self.cold_len, self.decoding = n, True
+
+    def begin_decode(self):
+        if not self.decoding:
+            self.decoding = True
+            self._fold(self.hot_len, self.hot_len)
+
+    def after_fused_append(self):
+        self.offset += 1
+        while self.hot_len > self.HOT_MAX:
+            self._fold(self.FOLD, self.hot_len)
 
     def _load(self, start, end):
         cold = self._read("v", 4, 0, self.cold_len)

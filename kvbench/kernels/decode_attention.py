@@ -1,0 +1,492 @@
+"""Split-K ("flash-decoding") attention of one decode step over a quantized KV cache.
+
+Two launches (three for turbo K, which first rotates the query):
+
+1. `_decode_split_kernel`: one program per (batch, kv head, split) serves the whole
+   GQA query group, so every K/V byte is read once. Its token range is computed in
+   the kernel from the device-side length L, so one fixed grid serves every L (CUDA
+   graphs). Online softmax in float32 (log2 units); writes partial (m, l, acc).
+   Quantized formats are never dequantized element by element:
+   - int8 K: scores = (q @ k_int8^T) * k_scale with q split into two int8 parts
+     (hi + lo / 254, ~15 bits) so both products are integer tensor-core dots;
+   - int8 V: weights w = p * v_scale, split the same way, acc += w @ v_int8;
+   - turbo K: scores = k_scale * <q_rot, c[codes]>; turbo V: acc += (p * v_scale) @ c[codes]
+     in the rotated basis (codebook gather in registers, fp16 tensor-core dot);
+   - delegated V: cold turbo codes for tokens < C and hot fp16 for tokens >= C, in
+     two loops that keep two accumulators (rotated cold, plain hot).
+2. `_decode_reduce_kernel`: one program per (batch, query head) merges the splits
+   and the fresh token (k_new, v_new used exactly), inverse-rotates a turbo V
+   accumulator once, and writes the output.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kvbench.kernels.quantize import (
+    DELEGATED,
+    FLOAT,
+    FORMAT_IDS,
+    INT8,
+    TURBO4,
+    _wht,
+    device_int,
+    rotate,
+    wht_params,
+)
+from kvbench.kernels.reference import FORMATS
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _load_packed(CODES, rows, mask, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Packed code groups of token rows [BLOCK_N] -> [BLOCK_N, NG]: bytes (4-bit) or 24-bit words (3-bit)."""
+    CPG: tl.constexpr = 2 if BITS == 4 else 8  # codes per packed group
+    BPG: tl.constexpr = CPG * BITS // 8  # bytes per packed group
+    NG: tl.constexpr = D // CPG
+    g = tl.arange(0, NG)
+    if BITS == 4:
+        packed = tl.load(CODES + rows[:, None] * NG + g[None, :], mask=mask[:, None], other=0)
+    else:
+        packed = tl.zeros([BLOCK_N, NG], dtype=tl.int32)
+        for k in tl.static_range(BPG):
+            byte = tl.load(CODES + rows[:, None] * (NG * BPG) + (g * BPG + k)[None, :], mask=mask[:, None], other=0)
+            packed |= byte.to(tl.int32) << (8 * k)
+    return packed
+
+
+@triton.jit
+def _centroids(packed, CB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Unpack [BLOCK_N, NG] code groups and gather their fp16 centroids -> [BLOCK_N, D].
+
+    The codebook is 2^BITS fp16 values (one 32-byte sector, so a warp's gather is a
+    single L1 wavefront; a 256-entry table of code pairs measured 3-6x slower).
+    """
+    CPG: tl.constexpr = 2 if BITS == 4 else 8
+    idx = (packed.to(tl.int32)[:, :, None] >> (tl.arange(0, CPG) * BITS)[None, None, :]) & ((1 << BITS) - 1)
+    return tl.load(CB + tl.reshape(idx, [BLOCK_N, D]))
+
+
+@triton.jit
+def _split_int8(x):
+    """Rows of x [M, N] (float32) as two int8 parts: x ~ (hi + lo / 254) * unit[:, None], ~15 bits."""
+    amax = tl.max(tl.abs(x), 1)
+    unit = tl.where(amax > 0.0, amax, 1.0) / 127.0
+    xn = x * (1.0 / unit)[:, None]
+    hi = tl.floor(xn + 0.5)
+    lo = tl.floor((xn - hi) * 254.0 + 0.5)
+    return hi.to(tl.int8), lo.to(tl.int8), unit
+
+
+@triton.jit
+def _attend_range(
+    qa,
+    qb,
+    q_unit,
+    m_i,
+    l_i,
+    acc,
+    acc_other,
+    lo,
+    hi,
+    K,
+    KS,
+    V,
+    VS,
+    CBK,
+    CBV,
+    k_row0,
+    v_row0,
+    K_FMT: tl.constexpr,
+    V_FMT: tl.constexpr,
+    RESCALE_OTHER: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Online softmax over tokens [lo, hi): returns updated (m, l, acc, acc_other).
+
+    Triton pipelines (cp.async) only loads that feed a dot; the packed codes and
+    scales of turbo formats are prefetched here by hand, one block ahead, in registers.
+    """
+    V_BITS: tl.constexpr = 4 if V_FMT == TURBO4 else 3
+    V_CODES: tl.constexpr = V_FMT != FLOAT and V_FMT != INT8  # turbo codes (delegated is split by the caller)
+    d = tl.arange(0, D)
+    offs = tl.arange(0, BLOCK_N)
+    if K_FMT == TURBO4:
+        k_pk = _load_packed(K, k_row0 + lo + offs, lo + offs < hi, 4, D, BLOCK_N)
+        k_sc = tl.load(KS + k_row0 + lo + offs, mask=lo + offs < hi, other=0.0)
+    if V_CODES:
+        v_pk = _load_packed(V, v_row0 + lo + offs, lo + offs < hi, V_BITS, D, BLOCK_N)
+        v_sc = tl.load(VS + v_row0 + lo + offs, mask=lo + offs < hi, other=0.0)
+    for n0 in range(lo, hi, BLOCK_N):
+        t = n0 + offs
+        mask = t < hi
+        kr = k_row0 + t
+        vr = v_row0 + t
+        nxt = t + BLOCK_N
+        if K_FMT == TURBO4:
+            k_cur, k_scale = k_pk, k_sc
+            k_pk = _load_packed(K, k_row0 + nxt, nxt < hi, 4, D, BLOCK_N)
+            k_sc = tl.load(KS + k_row0 + nxt, mask=nxt < hi, other=0.0)
+        if V_CODES:
+            v_cur, v_scale = v_pk, v_sc
+            v_pk = _load_packed(V, v_row0 + nxt, nxt < hi, V_BITS, D, BLOCK_N)
+            v_sc = tl.load(VS + v_row0 + nxt, mask=nxt < hi, other=0.0)
+        # scores in log2 units [BLOCK_G, BLOCK_N]
+        if K_FMT == FLOAT:
+            k = tl.load(K + kr[:, None] * D + d[None, :], mask=mask[:, None], other=0.0)
+            s = tl.dot(qa, tl.trans(k), input_precision=PRECISION) * q_unit[:, None]
+        elif K_FMT == INT8:
+            kt = tl.trans(tl.load(K + kr[:, None] * D + d[None, :], mask=mask[:, None], other=0))
+            s = tl.dot(qa, kt).to(tl.float32) + tl.dot(qb, kt).to(tl.float32) * (1.0 / 254.0)
+            s = s * (q_unit[:, None] * tl.load(KS + kr, mask=mask, other=0.0)[None, :])
+        else:
+            c = _centroids(k_cur, CBK, 4, D, BLOCK_N)
+            s = tl.dot(qa, tl.trans(c)) * (q_unit[:, None] * k_scale.to(tl.float32)[None, :])
+        s = tl.where(mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+        if V_FMT == FLOAT:
+            v = tl.load(V + vr[:, None] * D + d[None, :], mask=mask[:, None], other=0.0)
+            pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        elif V_FMT == INT8:
+            v = tl.load(V + vr[:, None] * D + d[None, :], mask=mask[:, None], other=0)
+            wh, wl, unit = _split_int8(p * tl.load(VS + vr, mask=mask, other=0.0)[None, :])
+            pv = tl.dot(wh, v).to(tl.float32) + tl.dot(wl, v).to(tl.float32) * (1.0 / 254.0)
+            pv = pv * unit[:, None]
+        else:
+            c = _centroids(v_cur, CBV, V_BITS, D, BLOCK_N)
+            pv = tl.dot((p * v_scale.to(tl.float32)[None, :]).to(tl.float16), c)
+        acc = acc * alpha[:, None] + pv
+        if RESCALE_OTHER:
+            acc_other = acc_other * alpha[:, None]
+    return m_i, l_i, acc, acc_other
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q,
+    K,
+    KS,
+    V,
+    VS,
+    VH,
+    CBK,
+    CBV,
+    LEN,
+    COLD,
+    WS_M,
+    WS_L,
+    WS_ACC,
+    stride_qb,
+    stride_qh,
+    Hkv,
+    cap,
+    hot_cap,
+    qk_scale,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    K_FMT: tl.constexpr,
+    V_FMT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    # grid: (B * Hkv, num_splits): one program per (batch, kv head, split of [0, L)), for all G query heads
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    n_splits = tl.num_programs(1)
+    length = tl.load(LEN)
+    per_split = tl.cdiv(tl.cdiv(length, n_splits), BLOCK_N) * BLOCK_N
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, length)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, D)
+    gmask = g < G
+    q_rows = (bh // Hkv).to(tl.int64) * stride_qb + ((bh % Hkv) * G + g) * stride_qh
+    q = tl.load(Q + q_rows[:, None] + d[None, :], mask=gmask[:, None], other=0.0)
+    if K_FMT == FLOAT:
+        qa = q.to(K.dtype.element_ty)
+        qb = qa
+        q_unit = tl.full([BLOCK_G], 1.0, tl.float32) * qk_scale
+    elif K_FMT == INT8:
+        qa, qb, q_unit = _split_int8(q.to(tl.float32))
+        q_unit = q_unit * qk_scale
+    else:  # q is already rotated into K's basis
+        qa = q.to(tl.float16)
+        qb = qa
+        q_unit = tl.full([BLOCK_G], 1.0, tl.float32) * qk_scale
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    row0 = bh.to(tl.int64) * cap
+    if V_FMT == DELEGATED:
+        cold = tl.load(COLD)
+        acc_hot = tl.zeros([BLOCK_G, D], tl.float32)
+        m_i, l_i, acc, acc_hot = _attend_range(
+            qa, qb, q_unit, m_i, l_i, acc, acc_hot, lo, tl.minimum(hi, cold), K, KS, V, VS, CBK, CBV,
+            row0, row0, K_FMT, TURBO4, False, D, BLOCK_N, PRECISION,
+        )  # fmt: skip
+        hot_row0 = bh.to(tl.int64) * hot_cap - cold  # token t lives in hot slot t - C
+        m_i, l_i, acc_hot, acc = _attend_range(
+            qa, qb, q_unit, m_i, l_i, acc_hot, acc, tl.maximum(lo, cold), hi, K, KS, VH, VS, CBK, CBV,
+            row0, hot_row0, K_FMT, FLOAT, True, D, BLOCK_N, PRECISION,
+        )  # fmt: skip
+    else:
+        m_i, l_i, acc, acc_hot = _attend_range(
+            qa, qb, q_unit, m_i, l_i, acc, acc, lo, hi, K, KS, V, VS, CBK, CBV,
+            row0, row0, K_FMT, V_FMT, False, D, BLOCK_N, PRECISION,
+        )  # fmt: skip
+
+    ws = (bh * G + g) * n_splits + split  # workspace row of (batch, query head, split)
+    tl.store(WS_M + ws, m_i, mask=gmask)
+    tl.store(WS_L + ws, l_i, mask=gmask)
+    tl.store(WS_ACC + ws[:, None] * D + d[None, :], acc, mask=gmask[:, None])
+    if V_FMT == DELEGATED:
+        hot = tl.num_programs(0) * G * n_splits * D  # second accumulator plane
+        tl.store(WS_ACC + hot + ws[:, None] * D + d[None, :], acc_hot, mask=gmask[:, None])
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    Q,
+    KN,
+    VN,
+    WS_M,
+    WS_L,
+    WS_ACC,
+    S1,
+    S2,
+    OUT,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kh,
+    stride_vb,
+    stride_vh,
+    stride_ob,
+    stride_oh,
+    Hq,
+    n_splits,
+    qk_scale,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    ROTATED: tl.constexpr,
+    HAS_HOT: tl.constexpr,
+    A: tl.constexpr,
+    INV_SQRT_D: tl.constexpr,
+):
+    # grid: (B * Hq,): one program per (batch, query head) merges its splits and the fresh token
+    row = tl.program_id(0)
+    b = row // Hq
+    h = row % Hq
+    d = tl.arange(0, D)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + d).to(tl.float32)
+    kn = tl.load(KN + b * stride_kb + (h // G) * stride_kh + d).to(tl.float32)
+    vn = tl.load(VN + b * stride_vb + (h // G) * stride_vh + d).to(tl.float32)
+    m = tl.sum(q * kn, 0) * qk_scale  # the fresh token starts the merge: m is finite
+    l_sum = m * 0.0 + 1.0
+    w_new = m * 0.0 + 1.0
+    acc = tl.zeros([D], tl.float32)
+    acc_hot = tl.zeros([D], tl.float32)
+    for s0 in range(0, n_splits, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        smask = s < n_splits
+        ws = row * n_splits + s
+        ms = tl.load(WS_M + ws, mask=smask, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(ms, 0))
+        alpha = tl.math.exp2(m - m_new)
+        beta = tl.math.exp2(ms - m_new)
+        l_sum = l_sum * alpha + tl.sum(tl.load(WS_L + ws, mask=smask, other=0.0) * beta, 0)
+        w_new = w_new * alpha
+        a = tl.load(WS_ACC + ws[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+        acc = acc * alpha + tl.sum(a * beta[:, None], 0)
+        if HAS_HOT:
+            hot = tl.num_programs(0) * n_splits * D
+            a = tl.load(WS_ACC + hot + ws[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+            acc_hot = acc_hot * alpha + tl.sum(a * beta[:, None], 0)
+        m = m_new
+    if ROTATED:  # back from V's rotated basis: s1 * H(s2 * acc)
+        acc = _wht((acc * tl.load(S2 + d))[None, :], 1, D, A, INV_SQRT_D)
+        acc = tl.reshape(acc, [D]) * tl.load(S1 + d)
+    out = (acc + acc_hot + w_new * vn) / l_sum
+    tl.store(OUT + b * stride_ob + h * stride_oh + d, out.to(OUT.dtype.element_ty))
+
+
+# ------------------------------------------------------------------- launchers
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # an H200: keeps CPU (interpreter) runs on the GPU's code path
+
+
+def choose_num_splits(
+    batch: int, n_kv_heads: int, capacity: int, block_n: int = 128, device=None, programs_per_sm=(2, 4)
+) -> int:
+    """Splits of the token axis, from the capacity (the grid is fixed while L grows).
+
+    At least lo programs per SM, and up to hi per SM while splits keep >= 1024 tokens
+    (at large batch more programs balance the SMs; at batch 1 short splits only add
+    merge work); never fewer than 2 blocks of BLOCK_N per split.
+    """
+    lo, hi = programs_per_sm
+    sms = _sm_count(torch.device(device) if device is not None else torch.device("cpu"))
+    rows = batch * n_kv_heads
+    splits = max(min(triton.cdiv(hi * sms, rows), triton.cdiv(capacity, 1024)), triton.cdiv(lo * sms, rows))
+    return max(1, min(splits, triton.cdiv(capacity, 2 * block_n), 256))
+
+
+def default_config(mode: str) -> dict:
+    """Launch defaults per mode, from sweeps on an H200 (Hq=32, Hkv=8, D=128, bf16; B=1 at
+    8K and 32K, B=16 at 32K; see scripts/bench_kernels.py --tune). fp16 streams best with
+    ~1 program per SM; the quantized formats want 2-4 to hide their unpacking;
+    delegated (two loops) and turbo K lose occupancy with a third pipeline stage."""
+    cfg = {"block_n": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": (2, 4)}
+    if mode == "fp16":
+        cfg["programs_per_sm"] = (1, 1)
+    elif mode == "turbo4":
+        cfg.update(block_n=64, num_stages=2)
+    elif mode.startswith("turbo"):
+        cfg["num_stages"] = 2
+    return cfg
+
+
+class DecodeWorkspace:
+    """Scratch for `decode_attention`: pass one to keep launches allocation-free (CUDA graphs).
+
+    Per (batch, query head, split): the running max m and sum l (log2 units) and the
+    unnormalized output acc (float32); delegated mode keeps a second acc plane for hot
+    tokens; `q_rot` holds the rotated query for turbo K.
+    """
+
+    def __init__(self, batch: int, n_q_heads: int, head_dim: int, num_splits: int, device, *, two_planes: bool = False):
+        f32 = {"dtype": torch.float32, "device": device}
+        self.num_splits = num_splits
+        self.m = torch.empty(batch, n_q_heads, num_splits, **f32)
+        self.l = torch.empty(batch, n_q_heads, num_splits, **f32)
+        self.acc = torch.empty(1 + two_planes, batch, n_q_heads, num_splits, head_dim, **f32)
+        self.q_rot = torch.empty(batch, n_q_heads, head_dim, **f32)
+        self.codebooks: dict[str, torch.Tensor] = {}
+
+    def codebook(self, side: str, codebook: torch.Tensor) -> torch.Tensor:
+        """The fp16 copy of a side's codebook, made at the first call (a workspace serves one codec)."""
+        if side not in self.codebooks:
+            self.codebooks[side] = codebook.to(torch.float16).contiguous()
+        return self.codebooks[side]
+
+    @classmethod
+    def for_cache(cls, mode: str, q: torch.Tensor, n_kv_heads: int, capacity: int, num_splits=None, block_n=None):
+        """Workspace for decoding `q` [B, Hq, D] against a cache of `capacity` slots."""
+        b, hq, dim = q.shape
+        cfg = default_config(mode)
+        block_n = block_n or cfg["block_n"]
+        s = num_splits or choose_num_splits(b, n_kv_heads, capacity, block_n, q.device, cfg["programs_per_sm"])
+        return cls(b, hq, dim, s, q.device, two_planes=FORMATS[mode][1] == "delegated")
+
+
+def _check_args(mode, q, k_new, v_new, out, buffers, ws):
+    """Cheap shape checks: the kernels index buffers as contiguous [B, H, cap, W] and
+    vectors by their last dim."""
+    b, hq, dim = q.shape
+    if any(x.stride(-1) != 1 for x in (q, k_new, v_new, out)):
+        raise ValueError("decode_attention needs q, k_new, v_new and out with a contiguous last dim")
+    if not all(buf.is_contiguous() for buf in buffers.values()):
+        raise ValueError("decode_attention needs contiguous cache buffers [B, H, capacity, ...]")
+    planes = 2 if FORMATS[mode][1] == "delegated" else 1
+    if ws.acc.shape[0] < planes or ws.acc.shape[1:] != (b, hq, ws.num_splits, dim):
+        raise ValueError(f"workspace of shape {tuple(ws.acc.shape)} does not fit q {tuple(q.shape)} in mode {mode}")
+
+
+def decode_attention(
+    mode: str,
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    buffers: dict[str, torch.Tensor],
+    length: torch.Tensor | int,
+    sm_scale: float,
+    *,
+    cold_length: torch.Tensor | int | None = None,
+    k_signs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    k_codebook: torch.Tensor | None = None,
+    v_signs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    v_codebook: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    workspace: DecodeWorkspace | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:
+    """One decode step of attention for one layer (same contract as `reference.decode_attention`).
+
+    q [B, Hq, D]; k_new, v_new [B, Hkv, D] (the fresh token, exact, not yet in the cache);
+    `buffers` in the mode's storage format; `length` L (and `cold_length` C for delegated):
+    device int32 [1] tensors, or ints. Turbo sides need their signs (s1, s2) and codebook;
+    the workspace keeps an fp16 copy of each codebook from its first call.
+    Returns [B, Hq, D] in q's dtype, written into `out` when given. With `out` and a
+    warmed-up `workspace` given and L, C as device tensors, nothing is allocated
+    (capturable in a CUDA graph). `num_splits` comes from the workspace, else
+    `choose_num_splits` over the cache capacity; unset tuning knobs from `default_config`.
+    """
+    cfg = default_config(mode)
+    block_n = block_n or cfg["block_n"]
+    num_warps = num_warps or cfg["num_warps"]
+    num_stages = num_stages or cfg["num_stages"]
+    kf, vf = FORMATS[mode]
+    b, hq, dim = q.shape
+    dev = q.device
+    k = buffers["k_codes"] if kf == "turbo4" else buffers["k"]
+    hkv, cap = k.shape[1], k.shape[2]
+    group = hq // hkv
+    if workspace is None:
+        workspace = DecodeWorkspace.for_cache(mode, q, hkv, cap, num_splits, block_n)
+    if out is None:
+        out = torch.empty_like(q)
+    _check_args(mode, q, k_new, v_new, out, buffers, workspace)
+    length = device_int(length, dev)
+    cold = device_int(cold_length if cold_length is not None else 0, dev)
+
+    if vf == "float" or vf == "int8":
+        v, vs = buffers["v"], buffers.get("v_scale", k)
+    else:
+        v, vs = buffers["v_codes"], buffers["v_scale"]
+    vh = buffers.get("v_hot", v)
+    ks = buffers.get("k_scale", k)
+    cbk = workspace.codebook("k", k_codebook) if kf == "turbo4" else ks
+    cbv = workspace.codebook("v", v_codebook) if vf.startswith(("turbo", "delegated")) else vs
+    q_score = q
+    if kf == "turbo4":
+        q_score = rotate(q, *k_signs, out=workspace.q_rot)
+    qk_scale = sm_scale * LOG2E
+    precision = "ieee" if torch.float32 in (q.dtype, k.dtype, v.dtype) else "tf32"
+
+    s = workspace.num_splits
+    _decode_split_kernel[(b * hkv, s)](
+        q_score, k, ks, v, vs, vh, cbk, cbv, length, cold, workspace.m, workspace.l, workspace.acc,
+        q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], qk_scale,
+        G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
+        K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], PRECISION=precision,
+        num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    rotated = vf.startswith(("turbo", "delegated"))
+    s1v, s2v = v_signs if rotated else (q, q)
+    wht = wht_params(dim) if rotated else {"A": 1, "INV_SQRT_D": 1.0}
+    _decode_reduce_kernel[(b * hq,)](
+        q, k_new, v_new, workspace.m, workspace.l, workspace.acc, s1v, s2v, out,
+        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+        out.stride(0), out.stride(1), hq, s, qk_scale,
+        G=group, D=dim, BLOCK_S=min(32, triton.next_power_of_2(s)), ROTATED=rotated, HAS_HOT=vf == "delegated",
+        num_warps=4, **wht,
+    )  # fmt: skip
+    return out

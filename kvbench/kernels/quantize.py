@@ -1,0 +1,269 @@
+"""Quantize-on-write: one launch stores the fresh K and V of every (batch, head) in a
+cache slot, in the mode's format (see `reference.py` for the formats and the math).
+
+Also the Walsh-Hadamard helpers the decode kernels share, and `rotate` (the query
+rotation for turbo K). The WHT of a row of D = A * C values is H_A X H_C with X the
+row viewed as an [A, C] matrix (H_D = H_A kron H_C), two small broadcast products in
+float32: exact enough to bucketize against the reference and no tensor-core shape limits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kvbench.kernels.reference import FORMATS
+
+# storage formats: the kernels' constexpr switches (HOT: the fp16 hot window of delegated V)
+FORMAT_IDS = {"float": 0, "int8": 1, "turbo4": 2, "turbo3": 3, "hot": 4, "delegated": 5}
+FLOAT, INT8, TURBO4, TURBO3, HOT, DELEGATED = (tl.constexpr(i) for i in FORMAT_IDS.values())
+
+
+@triton.jit
+def _hadamard_pm1(N: tl.constexpr):
+    """[N, N] float32 matrix (-1)^popcount(i & j), for N <= 256."""
+    i = tl.arange(0, N)
+    x = i[:, None] & i[None, :]
+    x = x ^ (x >> 4)
+    x = x ^ (x >> 2)
+    x = x ^ (x >> 1)
+    return 1.0 - 2.0 * (x & 1).to(tl.float32)
+
+
+@triton.jit
+def _wht(x, R: tl.constexpr, D: tl.constexpr, A: tl.constexpr, INV_SQRT_D: tl.constexpr):
+    """Orthonormal Walsh-Hadamard transform of each row of x [R, D] (float32)."""
+    C: tl.constexpr = D // A
+    x = tl.reshape(x, [R, A, C])
+    x = tl.sum(x[:, :, :, None] * _hadamard_pm1(C)[None, None, :, :], axis=2)  # X H_C
+    x = tl.sum(_hadamard_pm1(A)[None, :, :, None] * x[:, None, :, :], axis=2)  # H_A (X H_C)
+    return tl.reshape(x, [R, D]) * INV_SQRT_D
+
+
+@triton.jit
+def _rint(y):
+    """Round half to even (torch.round), exact for |y| < 2^22."""
+    f = tl.floor(y)
+    odd = (f - 2.0 * tl.floor(f * 0.5)) != 0.0
+    frac = y - f
+    return f + tl.where((frac > 0.5) | ((frac == 0.5) & odd), 1.0, 0.0)
+
+
+@triton.jit
+def _store_rows(
+    X,
+    DST,
+    SCALE,
+    S1,
+    S2,
+    CB,
+    BND,
+    SLOT,
+    COLD,
+    row0,
+    n_rows,
+    H,
+    T,
+    stride_xb,
+    stride_xh,
+    stride_xt,
+    cap,
+    FMT: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    A: tl.constexpr,
+    INV_SQRT_D: tl.constexpr,
+):
+    """Store rows [row0, row0 + BLOCK_R) of x [B, H, T, D] (row = (b * H + h) * T + t) at token slot + t."""
+    rows = row0 + tl.arange(0, BLOCK_R)
+    rmask = rows < n_rows
+    t = rows % T
+    bh = rows // T
+    d = tl.arange(0, D)
+    src = (bh // H).to(tl.int64) * stride_xb + (bh % H) * stride_xh + t * stride_xt
+    x = tl.load(X + src[:, None] + d[None, :], mask=rmask[:, None], other=0.0).to(tl.float32)
+    slot = tl.load(SLOT)
+    if FMT == HOT:
+        slot -= tl.load(COLD)
+    dst = bh.to(tl.int64) * cap + slot + t  # token row in [B, H, cap, ...]
+    if FMT == FLOAT or FMT == HOT:  # noqa: SIM109 (no `in` on constexprs in triton)
+        tl.store(DST + dst[:, None] * D + d[None, :], x.to(DST.dtype.element_ty), mask=rmask[:, None])
+    elif FMT == INT8:
+        scale = tl.math.div_rn(tl.max(tl.abs(x), 1), 127.0)
+        scale = tl.where(scale == 0.0, 1.0, scale)  # zero guard only: a tiny scale stays tiny
+        q = tl.minimum(tl.maximum(_rint(tl.math.div_rn(x, scale[:, None])), -127.0), 127.0)
+        tl.store(DST + dst[:, None] * D + d[None, :], q.to(tl.int8), mask=rmask[:, None])
+        tl.store(SCALE + dst, scale, mask=rmask)
+    else:
+        BITS: tl.constexpr = 4 if FMT == TURBO4 else 3
+        CPG: tl.constexpr = 2 if BITS == 4 else 8  # codes per packed group
+        BPG: tl.constexpr = CPG * BITS // 8  # bytes per packed group
+        NG: tl.constexpr = D // CPG
+        n = tl.sqrt_rn(tl.sum(x * x, 1))
+        u = tl.math.div_rn(x, tl.where(n == 0.0, 1.0, n)[:, None])
+        r = _wht(u * tl.load(S1 + d)[None, :], BLOCK_R, D, A, INV_SQRT_D) * tl.load(S2 + d)[None, :]
+        idx = tl.zeros([BLOCK_R, D], dtype=tl.int32)
+        for i in tl.static_range((1 << BITS) - 1):  # cell = number of boundaries below r
+            idx += (r > tl.load(BND + i)).to(tl.int32)
+        c = tl.load(CB + idx).to(tl.float32)
+        s = tl.math.div_rn(n, tl.sqrt_rn(tl.sum(c * c, 1)))
+        tl.store(SCALE + dst, s.to(tl.float16), mask=rmask)
+        shifts = tl.arange(0, CPG) * BITS
+        word = tl.sum(tl.reshape(idx, [BLOCK_R, NG, CPG]) << shifts[None, None, :], axis=2)
+        g = tl.arange(0, NG)
+        for k in tl.static_range(BPG):
+            ptr = DST + dst[:, None] * (NG * BPG) + (g * BPG + k)[None, :]
+            tl.store(ptr, ((word >> (8 * k)) & 255).to(tl.uint8), mask=rmask[:, None])
+
+
+@triton.jit
+def _write_kv_kernel(
+    XK,
+    XV,
+    DK,
+    SK,
+    DV,
+    SV,
+    S1K,
+    S2K,
+    CBK,
+    BNK,
+    S1V,
+    S2V,
+    CBV,
+    BNV,
+    SLOT,
+    COLD,
+    n_rows,
+    H,
+    T,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_vb,
+    stride_vh,
+    stride_vt,
+    cap_k,
+    cap_v,
+    K_FMT: tl.constexpr,
+    V_FMT: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    A: tl.constexpr,
+    INV_SQRT_D: tl.constexpr,
+):
+    # grid: (cdiv(B * H * T, BLOCK_R), 2): a block of token-head rows; axis 1 picks K (0) or V (1)
+    row0 = tl.program_id(0) * BLOCK_R
+    if tl.program_id(1) == 0:
+        _store_rows(XK, DK, SK, S1K, S2K, CBK, BNK, SLOT, COLD, row0, n_rows, H, T,
+                    stride_kb, stride_kh, stride_kt, cap_k, K_FMT, D, BLOCK_R, A, INV_SQRT_D)  # fmt: skip
+    else:
+        _store_rows(XV, DV, SV, S1V, S2V, CBV, BNV, SLOT, COLD, row0, n_rows, H, T,
+                    stride_vb, stride_vh, stride_vt, cap_v, V_FMT, D, BLOCK_R, A, INV_SQRT_D)  # fmt: skip
+
+
+@triton.jit
+def _rotate_kernel(
+    X, Y, S1, S2, n_rows, stride_x, D: tl.constexpr, BLOCK_R: tl.constexpr, A: tl.constexpr, INV_SQRT_D: tl.constexpr
+):
+    # grid: (cdiv(n_rows, BLOCK_R),): one program rotates BLOCK_R rows, y = s2 * H(s1 * x)
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    d = tl.arange(0, D)
+    mask = (rows < n_rows)[:, None]
+    x = tl.load(X + rows[:, None].to(tl.int64) * stride_x + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    y = _wht(x * tl.load(S1 + d)[None, :], BLOCK_R, D, A, INV_SQRT_D) * tl.load(S2 + d)[None, :]
+    tl.store(Y + rows[:, None].to(tl.int64) * D + d[None, :], y, mask=mask)
+
+
+# ------------------------------------------------------------------- launchers
+def wht_params(dim: int) -> dict:
+    """Constexpr arguments of `_wht` for head dim `dim` (a power of two)."""
+    if dim < 2 or dim & (dim - 1) or dim > 256:
+        raise ValueError(f"the Walsh-Hadamard kernels need a power-of-two head dim <= 256, got {dim}")
+    return {"A": 1 << (dim.bit_length() - 1) // 2, "INV_SQRT_D": 1.0 / math.sqrt(dim)}
+
+
+def device_int(x: torch.Tensor | int, device: torch.device) -> torch.Tensor:
+    """A device int32 [1] tensor (pass one to keep launches allocation-free)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    return torch.tensor([x], dtype=torch.int32, device=device)
+
+
+def rotate(x: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """r = s2 * H(s1 * x) along the last dim, float32 (the query rotation for turbo K)."""
+    dim = x.shape[-1]
+    rows = x.reshape(-1, dim)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    if out is None:
+        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    block_r = 1
+    grid = (triton.cdiv(rows.shape[0], block_r),)
+    _rotate_kernel[grid](
+        rows, out, s1, s2, rows.shape[0], rows.stride(0), D=dim, BLOCK_R=block_r, num_warps=1, **wht_params(dim)
+    )
+    return out
+
+
+def write_kv(
+    mode: str,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    buffers: dict[str, torch.Tensor],
+    slot: torch.Tensor | int,
+    *,
+    cold_length: torch.Tensor | int | None = None,
+    k_signs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    k_codebook: torch.Tensor | None = None,
+    k_boundaries: torch.Tensor | None = None,
+    v_signs: tuple[torch.Tensor, torch.Tensor] | None = None,
+    v_codebook: torch.Tensor | None = None,
+    v_boundaries: torch.Tensor | None = None,
+    block_r: int = 1,
+    num_warps: int = 1,
+) -> None:
+    """Store T fresh tokens (k_new, v_new [B, H, T, D], or [B, H, D] for T = 1; last dim
+    contiguous) into slots [slot, slot + T) of `buffers`, quantized in the mode's format;
+    delegated mode writes V into v_hot slots [slot - C, slot - C + T). One launch.
+
+    Turbo sides need their signs (s1, s2) float32 [D], codebook float32 [2^b] and
+    boundaries float32 [2^b - 1]. `slot` / `cold_length`: device int32 [1] tensors (or ints).
+    One row per single-warp program: its reductions stay in shuffles (3 us for a turbo
+    token on an H200, against 8 us with 4 rows on 4 warps).
+    """
+    if k_new.dim() == 3:
+        k_new, v_new = k_new.unsqueeze(2), v_new.unsqueeze(2)
+    b, h, t, dim = k_new.shape
+    kf, vf = FORMATS[mode]
+    dev = k_new.device
+    slot = device_int(slot, dev)
+    cold = device_int(cold_length if cold_length is not None else 0, dev)
+
+    def side(x, fmt, signs, codebook, bnd):
+        if fmt in ("float", "delegated"):
+            dst = buffers["v_hot" if fmt == "delegated" else x]
+            return dst, dst, (dst, dst), dst, dst, FORMAT_IDS["hot" if fmt == "delegated" else "float"]
+        data = buffers[x] if fmt == "int8" else buffers[x + "_codes"]
+        scale = buffers[x + "_scale"]
+        if fmt == "int8":
+            return data, scale, (scale, scale), scale, scale, FORMAT_IDS["int8"]
+        return data, scale, signs, codebook, bnd, FORMAT_IDS[fmt]
+
+    dk, sk, (s1k, s2k), cbk, bnk, k_fmt = side("k", kf, k_signs, k_codebook, k_boundaries)
+    dv, sv, (s1v, s2v), cbv, bnv, v_fmt = side("v", vf, v_signs, v_codebook, v_boundaries)
+    for x in (k_new, v_new):
+        if x.stride(-1) != 1:
+            raise ValueError("write_kv needs k_new / v_new with a contiguous last dim")
+    n_rows = b * h * t
+    turbo = any(f.startswith("turbo") for f in (kf, vf))
+    wht = wht_params(dim) if turbo else {"A": 1, "INV_SQRT_D": 1.0}
+    grid = (triton.cdiv(n_rows, block_r), 2)
+    _write_kv_kernel[grid](
+        k_new, v_new, dk, sk, dv, sv, s1k, s2k, cbk, bnk, s1v, s2v, cbv, bnv, slot, cold, n_rows, h, t,
+        *k_new.stride()[:3], *v_new.stride()[:3], dk.shape[2], dv.shape[2],
+        K_FMT=k_fmt, V_FMT=v_fmt, D=dim, BLOCK_R=block_r, num_warps=num_warps, **wht,
+    )  # fmt: skip

@@ -1,0 +1,339 @@
+#!/usr/bin/env python
+"""Micro-benchmark of the decode-attention kernels on a CUDA GPU (written for an H200).
+
+    python scripts/bench_kernels.py            # check, then time every mode (about 1 min)
+    python scripts/bench_kernels.py --tune     # also sweep num_splits / BLOCK_N / warps / stages (2-3 min)
+
+1. Checks every kernel against its PyTorch reference on random data (fp16 and bf16,
+   poisoned slots past L) and prints the max relative error.
+2. Times one layer's decode attention (Hq=32, Hkv=8, D=128, bf16) per mode and
+   shape, replaying a CUDA graph over enough cache copies that the KV bytes do not
+   sit in L2; prints time (median) and the bandwidth achieved on the bytes the
+   format actually stores for the L tokens, and writes $OUT/kernels.csv when OUT is set.
+torch SDPA on the fp16 cache is the baseline the fp16 kernel must match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kvbench.kernels import reference as ref
+from kvbench.kernels.decode_attention import DecodeWorkspace, choose_num_splits, decode_attention, default_config
+from kvbench.kernels.quantize import write_kv
+
+HQ, HKV, D = 32, 8, 128
+SHAPES = [(1, 8192), (1, 32768), (16, 32768)]  # (batch, context)
+HOT = 200  # delegated: tokens in the fp16 hot window
+L2_BYTES = 60 << 20
+
+
+def codecs(dim, device):
+    """Turbo parameters per side: signs, codebook (fp32 and fp16) and boundaries."""
+    out = {}
+    for side, seeds in (("k", (11, 12)), ("v", (21, 22))):
+        signs = tuple(ref.random_signs(dim, s, device) for s in seeds)
+        for bits in (3, 4):
+            cb = ref.lloyd_max_codebook(bits, dim).to(device)
+            out[side, bits] = (signs, cb, ref.codebook_boundaries(cb).to(device))
+    return out
+
+
+def mode_kwargs(mode, cod):
+    vbits = 3 if mode == "turbo3-asym" else 4
+    (ks, kcb, kb), (vs, vcb, vb) = cod["k", 4], cod["v", vbits]
+    return {"k_signs": ks, "k_codebook": kcb, "k_boundaries": kb, "v_signs": vs, "v_codebook": vcb, "v_boundaries": vb}
+
+
+def attn_kwargs(kw):
+    return {k: v for k, v in kw.items() if not k.endswith("boundaries")}
+
+
+def quantized_cache(mode, b, cap, length, cold, dtype, kw, device):
+    """Real quantized random tokens (via the write kernel's reference), poison past L."""
+    kf, vf = ref.FORMATS[mode]
+    x = {s: torch.randn(b, HKV, cap, D, device=device, dtype=dtype) for s in "kv"}
+    bufs = {}
+    for side, fmt in (("k", kf), ("v", vf)):
+        if fmt == "float":
+            bufs[side] = x[side]
+        elif fmt == "int8":
+            bufs[side], bufs[side + "_scale"] = ref.quantize_int8(x[side])
+        else:
+            bits = 3 if fmt == "turbo3" else 4
+            signs, cb, bnd = kw[side + "_signs"], kw[side + "_codebook"], kw[side + "_boundaries"]
+            bufs[side + "_codes"], bufs[side + "_scale"] = ref.quantize_turbo(x[side], cb.float(), bnd, *signs, bits)
+        if fmt == "delegated":
+            bufs["v_hot"] = torch.full((b, HKV, 256, D), float("nan"), device=device, dtype=dtype)
+            bufs["v_hot"][:, :, : length - cold] = x["v"][:, :, cold:length]
+    for key, buf in bufs.items():
+        if key != "v_hot" and buf.is_floating_point():
+            buf[:, :, length:] = float("nan")
+    return bufs
+
+
+def check(device, cod):
+    print("== correctness vs reference (max |out - ref| / max |ref|) ==")
+    ok = True
+    b, cap, length, group = 2, 1100, 1000, HQ // HKV
+    for dtype, mode in itertools.product((torch.float16, torch.bfloat16), ref.MODES):
+        kw = mode_kwargs(mode, cod)
+        cold = length - 150
+        bufs = quantized_cache(mode, b, cap, length, cold, dtype, kw, device)
+        q = 3 * torch.randn(b, HKV * group, D, device=device, dtype=dtype)
+        kn, vn = torch.randn(2, b, HKV, D, device=device, dtype=dtype)
+        out = torch.full_like(q, float("nan"))
+        args = (mode, q, kn, vn, bufs, torch.tensor([length], dtype=torch.int32, device=device), 1 / math.sqrt(D))
+        decode_attention(
+            *args, cold_length=torch.tensor([cold], dtype=torch.int32, device=device), out=out, **attn_kwargs(kw)
+        )
+        want = ref.decode_attention(*args, cold_length=cold, **attn_kwargs(kw))
+        err = ((out.float() - want.float()).abs().max() / want.float().abs().max()).item()
+        tol = 4e-3 if dtype == torch.float16 else 2e-2
+        ok &= err < tol
+        # quantize-on-write: fresh tokens into slot L, compared with the reference write
+        got, exp = ({k: t.clone() for k, t in bufs.items()} for _ in range(2))
+        slot = torch.tensor([length - 3], dtype=torch.int32, device=device)
+        k3, v3 = torch.randn(2, b, HKV, 3, D, device=device, dtype=dtype)
+        write_kv(mode, k3, v3, got, slot, cold_length=torch.tensor([cold]).int().to(device), **kw)
+        ref.write_kv(mode, k3, v3, exp, length - 3, cold_length=cold, **kw)
+        bad = []
+        for key in got:
+            a, e = got[key], exp[key]
+            if a.dtype == torch.uint8:
+                frac = (
+                    (
+                        ref.unpack_codes(a, 4 if key.startswith("k") or mode != "turbo3-asym" else 3)
+                        != ref.unpack_codes(e, 4 if key.startswith("k") or mode != "turbo3-asym" else 3)
+                    )
+                    .float()
+                    .mean()
+                    .item()
+                )
+                if frac > 1e-4:
+                    bad.append(f"{key} {frac:.1e} codes differ")
+            elif (
+                not torch.equal(a.isnan(), e.isnan())
+                or (a.float() - e.float()).nan_to_num().abs().max() > 1e-3 * e.float().nan_to_num().abs().max()
+            ):
+                bad.append(key)
+        ok &= not bad
+        print(
+            f"{str(dtype)[6:]:9} {mode:17} attention {err:.1e} {'ok' if err < tol else 'FAIL'}   write_kv {'ok' if not bad else 'FAIL ' + ', '.join(bad)}"
+        )
+    return ok
+
+
+def random_cache(mode, b, length, dtype, device):
+    """Cache of capacity L filled with random bytes of the right kinds (timing only)."""
+    kf, vf = ref.FORMATS[mode]
+    bufs = {}
+    for side, fmt in (("k", kf), ("v", vf)):
+        shape = (b, HKV, length)
+        if fmt == "float":
+            bufs[side] = torch.randn(*shape, D, device=device, dtype=dtype)
+        elif fmt == "int8":
+            bufs[side] = torch.randint(-127, 128, (*shape, D), device=device, dtype=torch.int8)
+            bufs[side + "_scale"] = torch.rand(*shape, 1, device=device) / 64
+        else:
+            bits = 3 if fmt == "turbo3" else 4
+            bufs[side + "_codes"] = torch.randint(0, 256, (*shape, D * bits // 8), device=device, dtype=torch.uint8)
+            bufs[side + "_scale"] = (torch.rand(*shape, 1, device=device) * 4).half()
+        if fmt == "delegated":
+            bufs["v_hot"] = torch.randn(b, HKV, 256, D, device=device, dtype=dtype)
+    return bufs
+
+
+def kv_bytes(mode, bufs, length, cold):
+    """Bytes of the stored format the kernel must read for L tokens."""
+    total = 0
+    for key, buf in bufs.items():
+        per_token = buf[:, :, :1].numel() * buf.element_size()
+        if key == "v_hot":
+            n = length - cold
+        elif key.startswith("v_") and ref.FORMATS[mode][1] == "delegated":
+            n = cold
+        else:
+            n = length
+        total += per_token * n
+    return total
+
+
+def time_graph(calls, reps=15):
+    """Median microseconds per call of `calls` (a list of closures), replayed in a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for c in calls[:2]:
+            c()  # compile / warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return statistics.median(times)
+
+
+def copies_for(nbytes):
+    return max(1, min(16, math.ceil(4 * L2_BYTES / nbytes)))
+
+
+def bench_mode(mode, b, length, dtype, device, cod, configs):
+    """[(config, us)] for each tuning config of one mode and shape."""
+    kw = attn_kwargs(mode_kwargs(mode, cod))
+    cold = length - HOT
+    probe = random_cache(mode, b, length, dtype, device)
+    nbytes = kv_bytes(mode, probe, length, cold)
+    caches = [probe] + [random_cache(mode, b, length, dtype, device) for _ in range(copies_for(nbytes) - 1)]
+    q = torch.randn(b, HQ, D, device=device, dtype=dtype)
+    kn, vn = torch.randn(2, b, HKV, D, device=device, dtype=dtype)
+    out = torch.empty_like(q)
+    dl = torch.tensor([length], dtype=torch.int32, device=device)
+    dc = torch.tensor([cold], dtype=torch.int32, device=device)
+    results = []
+    for cfg in configs:
+        ws = DecodeWorkspace.for_cache(mode, q, HKV, length, cfg["num_splits"], cfg["block_n"])
+        tune = {k: v for k, v in cfg.items() if k != "num_splits"}
+
+        def call(bufs, ws=ws, tune=tune):
+            return lambda: decode_attention(
+                mode, q, kn, vn, bufs, dl, 1 / math.sqrt(D), cold_length=dc, out=out, workspace=ws, **kw, **tune
+            )
+
+        results.append(({**cfg, "num_splits": ws.num_splits}, time_graph([call(c) for c in caches])))
+    return results, nbytes
+
+
+def bench_sdpa(b, length, dtype, device):
+    nbytes = 2 * b * HKV * length * D * torch.finfo(dtype).bits // 8
+    q = torch.randn(b, HQ, 1, D, device=device, dtype=dtype)
+    kvs = [torch.randn(2, b, HKV, length, D, device=device, dtype=dtype) for _ in range(copies_for(nbytes))]
+    calls = [lambda kv=kv: F.scaled_dot_product_attention(q, kv[0], kv[1], enable_gqa=True) for kv in kvs]
+    return time_graph(calls), nbytes
+
+
+def bench_write(mode, b, dtype, device, cod, **tune):
+    """Microseconds for one decode step's quantize-on-write of K and V (T = 1)."""
+    kw = mode_kwargs(mode, cod)
+    bufs = random_cache(mode, b, 4096, dtype, device)
+    kn, vn = torch.randn(2, b, HKV, D, device=device, dtype=dtype)
+    slot = torch.tensor([4000], dtype=torch.int32, device=device)
+    cold = torch.tensor([3900], dtype=torch.int32, device=device)
+    return time_graph([lambda: write_kv(mode, kn, vn, bufs, slot, cold_length=cold, **kw, **tune)] * 20)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tune", action="store_true", help="sweep num_splits x BLOCK_N x num_warps x num_stages")
+    ap.add_argument("--modes", default=",".join(ref.MODES), help="comma list of modes")
+    ap.add_argument("--shapes", default=",".join(f"{b}x{n}" for b, n in SHAPES), help="comma list of BATCHxCONTEXT")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--once", action="store_true", help="one plain call per mode and shape (for a profiler), no timing")
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    cod = codecs(D, device)
+    props = torch.cuda.get_device_properties(device)
+    print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}")
+    dtype = torch.bfloat16
+    modes = args.modes.split(",")
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    if args.once:
+        for (b, length), mode in itertools.product(shapes, modes):
+            kw = attn_kwargs(mode_kwargs(mode, cod))
+            bufs = random_cache(mode, b, length, dtype, device)
+            q = torch.randn(b, HQ, D, device=device, dtype=dtype)
+            kn, vn = torch.randn(2, b, HKV, D, device=device, dtype=dtype)
+            for _ in range(2):  # the first call compiles
+                decode_attention(mode, q, kn, vn, bufs, length, 1 / math.sqrt(D), cold_length=length - HOT, **kw)
+            torch.cuda.synchronize()
+        return
+    if not args.no_check:
+        check(device, cod)
+    rows = []
+    print(f"\n== decode attention, one layer: Hq={HQ}, Hkv={HKV}, D={D}, bf16, CUDA graphs ==")
+    print(f"{'batch':>5} {'context':>7} {'kernel':17} {'us':>8} {'TB/s':>6} {'vs sdpa':>7}  config")
+    for b, length in shapes:
+        sdpa_us, sdpa_bytes = bench_sdpa(b, length, dtype, device)
+        rows.append({"batch": b, "context": length, "kernel": "torch-sdpa-fp16", "us": sdpa_us, "kv_bytes": sdpa_bytes})
+        print(f"{b:5} {length:7} {'torch-sdpa-fp16':17} {sdpa_us:8.1f} {sdpa_bytes / sdpa_us / 1e6:6.2f} {1:7.2f}")
+        for mode in modes:
+            cfg = default_config(mode)
+            default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, cfg.pop("programs_per_sm"))
+            configs = [{"num_splits": None, **cfg}]
+            if args.tune:
+                splits = sorted({max(1, default_splits // 2), default_splits, 2 * default_splits})
+                configs += [
+                    {"num_splits": s, "block_n": n, "num_warps": w, "num_stages": st}
+                    for s, n, w, st in itertools.product(splits, (64, 128), (4, 8), (2, 3))
+                ]
+            try:
+                results, nbytes = bench_mode(mode, b, length, dtype, device, cod, configs)
+            except Exception as exc:  # keep timing the other modes; report the failure
+                print(f"{b:5} {length:7} {mode:17} FAILED: {type(exc).__name__}: {str(exc)[:200]}")
+                continue
+            (cfg0, us0), (cfg, us) = results[0], min(results, key=lambda r: r[1])
+            for label, c, t in [("default", cfg0, us0)] + ([("tuned", cfg, us)] if args.tune else []):
+                rows.append({"batch": b, "context": length, "kernel": mode if label == "default" else f"{mode} (tuned)",
+                             "us": t, "kv_bytes": nbytes, **c})  # fmt: skip
+                cfg_s = " ".join(f"{k}={v}" for k, v in c.items())
+                name = mode if label == "default" else "  tuned"
+                print(f"{b:5} {length:7} {name:17} {t:8.1f} {nbytes / t / 1e6:6.2f} {sdpa_us / t:7.2f}  {cfg_s}")
+            if args.tune:  # splits/BLOCK_N/warps/stages of the five fastest
+                top = sorted(results[1:], key=lambda r: r[1])[:5]
+                print("        top 5:", "; ".join(f"{'/'.join(str(v) for v in c.values())} {t:.1f}" for c, t in top))
+    print("\n== quantize-on-write of one decode token (K and V, all heads), one layer ==")
+    for b in sorted({b for b, _ in shapes}):
+        line = "  ".join(f"{mode} {bench_write(mode, b, dtype, device, cod):.1f}" for mode in modes)
+        print(f"batch {b:3}: us  {line}")
+        if args.tune:
+            for block_r, warps in itertools.product((1, 2, 4), (1, 2)):
+                t = bench_write("turbo4", b, dtype, device, cod, block_r=block_r, num_warps=warps)
+                print(f"   turbo4 write block_r={block_r} num_warps={warps}: {t:.1f} us")
+    out_dir = os.environ.get("OUT")
+    if out_dir:
+        path = Path(out_dir) / "kernels.csv"
+        fields = [
+            "batch",
+            "context",
+            "kernel",
+            "us",
+            "kv_bytes",
+            "tb_s",
+            "num_splits",
+            "block_n",
+            "num_warps",
+            "num_stages",
+        ]
+        with open(path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+            w.writeheader()
+            for r in rows:
+                w.writerow({**r, "tb_s": r["kv_bytes"] / r["us"] / 1e6})
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+"""Triton kernels against their PyTorch references (kvbench.kernels.reference).
+
+Runs on CPU under the Triton interpreter (TRITON_INTERPRET=1, set below before triton
+is imported); bf16 is skipped because the interpreter computes it wrongly. Every test
+draws a fresh seed (printed in failure messages). Caches hold poison (NaN scales and
+values, garbage codes) in slots >= L and outputs start as NaN, so a read past L or an
+unwritten element fails.
+
+Tolerances, max |out - ref| / max |ref| (ref = dequantize in float32, then attention):
+- float32 inputs, fp16/int8 modes: 1e-5 / 5e-4 (exact dots; int8 splits q and the
+  softmax weights into two int8 parts, ~15 bits);
+- fp16 inputs, and every turbo mode (fp16 centroids and weights on the tensor cores):
+  4e-3, i.e. a few fp16 roundings of the output (fp16 eps is 9.8e-4).
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import functools
+import math
+import random
+
+import pytest
+import torch
+
+from kvbench.kernels import reference as ref
+from kvbench.kernels.decode_attention import DecodeWorkspace, choose_num_splits, decode_attention
+from kvbench.kernels.quantize import rotate, write_kv
+
+F16, F32 = torch.float16, torch.float32
+
+
+@pytest.fixture
+def seed():
+    s = random.SystemRandom().randrange(2**31)
+    torch.manual_seed(s)
+    return s
+
+
+@functools.cache
+def codec(bits: int, dim: int, side: str):
+    """(signs, codebook, boundaries) for one turbo side; K and V get different signs."""
+    base = 10 if side == "k" else 20
+    cb = ref.lloyd_max_codebook(bits, dim)
+    return (ref.random_signs(dim, base + 1), ref.random_signs(dim, base + 2)), cb, ref.codebook_boundaries(cb)
+
+
+def codec_kwargs(mode: str, dim: int) -> dict:
+    vf = ref.FORMATS[mode][1]
+    ks, kcb, kb = codec(4, dim, "k")
+    vs, vcb, vb = codec(3 if vf == "turbo3" else 4, dim, "v")
+    return {
+        "k_signs": ks,
+        "k_codebook": kcb,
+        "k_boundaries": kb,
+        "v_signs": vs,
+        "v_codebook": vcb,
+        "v_boundaries": vb,
+    }
+
+
+def attn_kwargs(kw: dict) -> dict:
+    return {k: v for k, v in kw.items() if not k.endswith("boundaries")}
+
+
+def random_tokens(b, h, t, dim, dtype):
+    """Gaussian tokens with a few outlier channels, as real K/V have."""
+    x = torch.randn(b, h, t, dim) * (1 + 4 * (torch.rand(dim) < 0.05))
+    return x.to(dtype)
+
+
+def make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw):
+    """Buffers in the mode's format holding `length` random tokens; poison everywhere else."""
+    kf, vf = ref.FORMATS[mode]
+    bufs = {}
+    for x, fmt in (("k", kf), ("v", vf)):
+        tokens = random_tokens(b, hkv, cap, dim, dtype)
+        if fmt == "float":
+            bufs[x] = tokens
+        elif fmt == "int8":
+            bufs[x], bufs[x + "_scale"] = ref.quantize_int8(tokens)
+        else:
+            bits = 3 if fmt == "turbo3" else 4
+            signs, cb, bnd = (kw[f"{x}_signs"], kw[f"{x}_codebook"], kw[f"{x}_boundaries"])
+            bufs[x + "_codes"], bufs[x + "_scale"] = ref.quantize_turbo(tokens, cb, bnd, *signs, bits)
+            bufs[x + "_codes"][:, :, length:] = torch.randint(0, 256, bufs[x + "_codes"][:, :, length:].shape).byte()
+        if fmt == "delegated":
+            hot = torch.full((b, hkv, max(1, length - cold) + 5, dim), float("nan"), dtype=dtype)
+            hot[:, :, : length - cold] = tokens[:, :, cold:length]
+            bufs["v_hot"] = hot
+    for key, buf in bufs.items():
+        if key != "v_hot" and buf.is_floating_point():
+            buf[:, :, length:] = float("nan")
+    return bufs
+
+
+def max_rel(out, expected):
+    return ((out.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
+
+
+def tolerance(mode, dtype):
+    if dtype == F32 and mode == "fp16":
+        return 1e-5
+    if dtype == F32 and mode == "int8":
+        return 5e-4
+    return 4e-3
+
+
+def run_decode(mode, b, hkv, group, dim, length, cap, dtype, num_splits, cold=None):
+    kw = codec_kwargs(mode, dim)
+    cold = length // 2 if cold is None else cold
+    bufs = make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw)
+    # peaked attention (logits ~ N(0, 9)) so that every single token matters
+    q = (3 * torch.randn(b, hkv * group, dim)).to(dtype)
+    k_new, v_new = random_tokens(b, hkv, 2, dim, dtype).unbind(2)
+    sm_scale = 1 / math.sqrt(dim)
+    out = torch.full_like(q, float("nan"))
+    args = (mode, q, k_new, v_new, bufs, torch.tensor([length], dtype=torch.int32), sm_scale)
+    decode_attention(*args, cold_length=cold, out=out, num_splits=num_splits, **attn_kwargs(kw))
+    expected = ref.decode_attention(*args, cold_length=cold, **attn_kwargs(kw))
+    return out, expected
+
+
+DECODE_CASES = [
+    # B, Hkv, G, D, L, capacity, dtype, num_splits (None: the launcher's choice)
+    (1, 1, 1, 32, 1, 16, F16, None),
+    (2, 2, 4, 64, 37, 50, F32, 3),
+    (1, 2, 7, 128, 300, 320, F16, 5),
+    (2, 1, 4, 64, 300, 333, F16, None),
+    (1, 1, 16, 32, 70, 128, F32, 16),  # more splits than blocks: most are empty
+]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}-cap{}-{}-s{}".format(*c))
+@pytest.mark.parametrize("mode", ref.MODES)
+def test_decode_attention(mode, case, seed):
+    b, hkv, group, dim, length, cap, dtype, splits = case
+    out, expected = run_decode(mode, b, hkv, group, dim, length, cap, dtype, splits)
+    assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
+    err = max_rel(out, expected)
+    assert err < tolerance(mode, dtype), f"seed {seed}: max rel error {err:.2e}"
+
+
+@pytest.mark.parametrize("cold", [0, 100, 300])
+@pytest.mark.parametrize("splits", [1, 6])
+def test_delegated_hot_cold_split(cold, splits, seed):
+    """Cold codes for tokens < C, hot fp16 for tokens >= C: C = 0, L, and in between."""
+    out, expected = run_decode("turbo4-delegated", 1, 2, 4, 64, 300, 320, F16, splits, cold=cold)
+    err = max_rel(out, expected)
+    assert err < 4e-3, f"seed {seed}: max rel error {err:.2e}"
+
+
+@pytest.mark.parametrize("mode", ["fp16", "int8", "turbo4"])
+def test_decode_empty_cache_returns_fresh_value(mode, seed):
+    """L = 0: every split is empty and the output is the fresh token's value."""
+    out, expected = run_decode(mode, 1, 2, 4, 32, 0, 64, F32, 4)
+    assert torch.allclose(out, expected, atol=1e-6), f"seed {seed}"
+
+
+def test_workspace_serves_every_length(seed):
+    """One workspace and one grid, L changed in place on the device (CUDA-graph replay)."""
+    mode, dim = "int8", 64
+    kw = attn_kwargs(codec_kwargs(mode, dim))
+    bufs = make_cache(mode, 1, 2, dim, 256, 256, 0, F16, codec_kwargs(mode, dim))
+    q = torch.randn(1, 8, dim, dtype=F16)
+    k_new, v_new = torch.randn(2, 1, 2, dim, dtype=F16)
+    ws = DecodeWorkspace.for_cache(mode, q, 2, 256)
+    out = torch.empty_like(q)
+    length = torch.tensor([0], dtype=torch.int32)
+    for n in (1, 63, 64, 200, 256):
+        length.fill_(n)
+        out.fill_(float("nan"))
+        decode_attention(mode, q, k_new, v_new, bufs, length, 0.125, out=out, workspace=ws, **kw)
+        expected = ref.decode_attention(mode, q, k_new, v_new, bufs, n, 0.125, **kw)
+        assert max_rel(out, expected) < 4e-3, f"seed {seed}, L={n}"
+
+
+def test_choose_num_splits():
+    assert choose_num_splits(1, 8, 32768) == 33  # 264 programs: 2 per SM of an H200
+    assert choose_num_splits(1, 8, 32768, programs_per_sm=(1, 1)) == 17
+    assert choose_num_splits(1, 8, 1024) == 4  # short cache: at least 2 blocks of 128 per split
+    assert choose_num_splits(16, 8, 32768) == 5  # 4 programs per SM: long splits balance the SMs
+    assert choose_num_splits(64, 8, 16) == 1
+
+
+# ----------------------------------------------------------------- quantize-on-write
+def alloc_like_cache(mode, b, h, cap, dim, dtype):
+    """Empty buffers for `mode`, all poisoned: what write_kv does not touch must stay so."""
+    bufs = make_cache(mode, b, h, dim, cap, 0, 0, dtype, codec_kwargs(mode, dim))
+    for buf in bufs.values():
+        if not buf.is_floating_point():
+            buf.fill_(77)
+    if "v_hot" in bufs:
+        bufs["v_hot"] = torch.full((b, h, cap, dim), float("nan"), dtype=dtype)
+    return bufs
+
+
+def near_boundary(x, boundaries, eps=1e-6):
+    """Per coordinate: whether the rotated unit vector sits within eps of a cell edge."""
+    return ((x.unsqueeze(-1) - boundaries).abs() < eps).any(-1)
+
+
+def assert_codes_match(got, want, rotated, boundaries, bits, seed):
+    """Packed codes equal, except single-step differences at coordinates on a cell edge."""
+    g, w = ref.unpack_codes(got, bits), ref.unpack_codes(want, bits)
+    diff = g != w
+    if diff.any():
+        assert ((g - w).abs()[diff] == 1).all(), f"seed {seed}: codes differ by more than one cell"
+        assert near_boundary(rotated, boundaries)[diff].all(), f"seed {seed}: code differs away from a tie"
+
+
+@pytest.mark.parametrize("dim,tokens", [(32, 1), (64, 5), (128, 1), (128, 3)])
+@pytest.mark.parametrize("mode", ref.MODES)
+def test_write_kv(mode, dim, tokens, seed):
+    b, h, cap, slot, cold = 2, 3, 12, 4, 2
+    dtype = F16 if dim != 64 else F32
+    kw = codec_kwargs(mode, dim)
+    k_new = random_tokens(b, h, tokens, dim, dtype)
+    v_new = random_tokens(b, h, tokens, dim, dtype)
+    k_new[0, 0, 0] = 0  # zero vector: int8 scale 1.0, turbo scale 0
+    v_new[1, 2, -1] *= 1e-6  # tiny vector: its int8 scale must stay tiny
+    if tokens == 1:
+        k_new, v_new = k_new[:, :, 0], v_new[:, :, 0]
+    got = alloc_like_cache(mode, b, h, cap, dim, dtype)
+    want = alloc_like_cache(mode, b, h, cap, dim, dtype)
+    args = (mode, k_new, v_new)
+    write_kv(*args, got, torch.tensor([slot], dtype=torch.int32), cold_length=torch.tensor([cold]).int(), **kw)
+    ref.write_kv(*args, want, slot, cold_length=cold, **kw)
+    src = {"k": k_new, "v": v_new}
+    for key in got:
+        a, w = got[key], want[key]
+        if key.endswith("_codes"):
+            x = key[0]
+            bits = 3 if ref.FORMATS[mode][1] == "turbo3" and x == "v" else 4
+            rotated, _ = ref.turbo_rotated(src[x], *kw[f"{x}_signs"])
+            sl = slice(slot, slot + tokens)
+            assert_codes_match(
+                a[:, :, sl], w[:, :, sl], rotated.view(b, h, tokens, dim), kw[f"{x}_boundaries"], bits, seed
+            )
+            assert torch.equal(a[:, :, :slot], w[:, :, :slot]) and torch.equal(
+                a[:, :, slot + tokens :], w[:, :, slot + tokens :]
+            )
+        elif a.is_floating_point():
+            assert torch.equal(a.isnan(), w.isnan()), f"seed {seed}: {key} written outside its slots"
+            torch.testing.assert_close(a, w, rtol=1e-3, atol=0, equal_nan=True, msg=f"seed {seed}: {key}")
+        else:  # int8 codes: exact (ties of x / scale at .5 are round-half-even in both)
+            assert torch.equal(a, w), f"seed {seed}: {key}"
+
+
+def test_write_kv_matches_kv_turbo_module(seed):
+    """The kernel writes what kvbench.kv.turbo.quantize stores (its codebook and signs)."""
+    turbo = pytest.importorskip("kvbench.kv.turbo")
+    dim = 128
+    for bits in (4, 3):
+        rot = turbo.Rotation(dim, turbo.SEEDS["v"])
+        cb, bnd = turbo.codebook(bits, dim), turbo.boundaries(bits, dim)
+        x = random_tokens(2, 4, 3, dim, F16)
+        want_codes, want_scale = turbo.quantize(x, bits, rot)
+        mode = "turbo4-asym" if bits == 4 else "turbo3-asym"
+        bufs = {
+            "k": torch.empty(2, 4, 3, dim, dtype=F16),
+            "v_codes": torch.empty_like(want_codes),
+            "v_scale": torch.empty_like(want_scale),
+        }
+        write_kv(mode, x, x, bufs, 0, v_signs=(rot.s1, rot.s2), v_codebook=cb, v_boundaries=bnd)
+        assert_codes_match(
+            bufs["v_codes"], want_codes, rot.rotate(x.float() / x.float().norm(dim=-1, keepdim=True)), bnd, bits, seed
+        )
+        torch.testing.assert_close(bufs["v_scale"], want_scale, rtol=1e-3, atol=0)
+        torch.testing.assert_close(
+            turbo.dequantize(bufs["v_codes"], bufs["v_scale"], bits, rot, F32),
+            ref.dequantize_turbo(want_codes, want_scale, cb, rot.s1, rot.s2, bits),
+            rtol=0,
+            atol=2e-3 * x.float().abs().max().item(),
+        )
+
+
+@pytest.mark.parametrize("dim", [32, 64, 128])
+def test_rotate(dim, seed):
+    (s1, s2), _, _ = codec(4, dim, "k")
+    x = torch.randn(3, 5, dim, dtype=F16)
+    torch.testing.assert_close(rotate(x, s1, s2), ref.rotate(x, s1, s2), rtol=1e-5, atol=1e-5)
+    assert torch.allclose(ref.unrotate(ref.rotate(x, s1, s2), s1, s2), x.float(), atol=1e-3)
+
+
+# ------------------------------------------------------------------- the reference
+def test_lloyd_max_matches_max_1960():
+    """Max (1960) optimal Gaussian quantizer outputs, 8 and 16 levels (positive half)."""
+    max8 = [0.2451, 0.7560, 1.344, 2.152]
+    max16 = [0.1284, 0.3881, 0.6568, 0.9424, 1.256, 1.618, 2.069, 2.733]
+    for bits, table in ((3, max8), (4, max16)):
+        c = ref.lloyd_max_codebook(bits, 1)
+        torch.testing.assert_close(c[len(c) // 2 :], torch.tensor(table), rtol=0, atol=1.5e-3)
+        torch.testing.assert_close(c, -c.flip(0))
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_pack_roundtrip(bits, seed):
+    idx = torch.randint(0, 1 << bits, (3, 2, 64))
+    packed = ref.pack_codes(idx, bits)
+    assert packed.shape[-1] == 64 * bits // 8 and packed.dtype == torch.uint8
+    assert torch.equal(ref.unpack_codes(packed, bits), idx)
