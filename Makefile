@@ -24,8 +24,8 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 audit: setup
-	$(VENV)/bin/kvbench audit --out $(RUN) $(AUDIT_ARGS)
-	$(VENV)/bin/kvbench decode-bench --out $(RUN) --contexts 2k --batch 1,8 --gen 32 --repeats 3 $(BENCH_ARGS)
+	$(VENV)/bin/kvbench audit --out $(RUN) --resume $(AUDIT_ARGS)
+	$(VENV)/bin/kvbench decode-bench --out $(RUN) --resume --contexts 2k --batch 1,8 --gen 32 --repeats 3 $(BENCH_ARGS)
 	$(VENV)/bin/kvbench report $(RUN)
 
 lint: setup

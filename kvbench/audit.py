@@ -27,6 +27,7 @@ from kvbench.errors import KvbenchError
 from kvbench.results import AUDIT_COLUMNS
 from kvbench.runtime import Progress, is_oom, one_line, release
 from kvbench.session import Session
+from kvbench.sweep import FileSink, Sweep, key
 
 NEEDLE = "The special magic number is {n}."
 NEEDLE_QUESTION = "What is the special magic number mentioned in the text above? Answer with the number only."
@@ -53,19 +54,52 @@ class Run:
 
 
 class AuditJob:
-    def __init__(self, session: Session, progress: Progress) -> None:
+    def __init__(self, session: Session, progress: Progress, sweep: Sweep | None = None) -> None:
         self.s = session
         self.cfg = session.cfg
         self.p = progress
-        self.writer = session.writer("audit", AUDIT_COLUMNS)
-        self.rows: list[dict] = []
+        self.sweep = sweep or Sweep(FileSink(session.writer("audit", AUDIT_COLUMNS)))
+        c = self.cfg
+        # everything besides mode, context and check that changes an audit cell's result
+        self.params = key(
+            session.lm.weights_hash, session.base_row["dtype"], c.kernel, c.prefill_chunk, c.boundary_v,
+            c.no_fallback, c.yarn, c.gen_tokens, c.near_tie_margin, c.question, c.prompt_file, c.max_kv_size, c.keep,
+        )  # fmt: skip
         self.question = self.cfg.question or prompts.DEFAULT_QUESTION
         self._passage = self._read_prompt_file()
         if self.cfg.contexts is None and self._passage is not None:
             # a user's prompt runs at its own length unless --contexts says otherwise
             session.contexts = [self.natural_length()]
 
+    @property
+    def rows(self) -> list[dict]:
+        return self.sweep.rows
+
     # ----------------------------------------------------------------- planning
+    def groups(self) -> list:
+        """Units of sharding: one context each (fp16, the reference, runs with its modes)."""
+        return list(self.s.contexts)
+
+    def cell_key(self, mode: str, ctx: int, check: str, cap: KVCap | None = None, extra="") -> str:
+        capk = f"{cap.max_size}/{cap.keep}" if cap else ""
+        return key("audit", check, mode, ctx, capk, extra, self.params)
+
+    def group_keys(self, ctx: int) -> list[str]:
+        keys = []
+        for mode in self.s.modes:
+            keys.append(self.cell_key(mode, ctx, "greedy", self._cap()))
+            for max_kv in self.cfg.kv_caps:
+                for keep in dict.fromkeys((self.cfg.keep, 0)):
+                    keys.append(self.cell_key(mode, ctx, "max_kv", KVCap(max_kv, keep)))
+            for check, on in (("kernel", self.cfg.compare_kernels), ("prefix_reuse", self.cfg.prefix_reuse)):
+                if on:
+                    keys.append(self.cell_key(mode, ctx, check))
+            if self.cfg.niah:
+                keys += [self.cell_key(mode, ctx, "niah", extra=d) for d in self.cfg.niah_depths]
+            if self.cfg.ppl:
+                keys.append(self.cell_key(mode, ctx, "ppl"))
+        return keys
+
     def n_cells(self) -> int:
         per_ctx = 1 + self.cfg.ppl + 2 * len(self.cfg.kv_caps) + self.cfg.prefix_reuse + self.cfg.compare_kernels
         per_ctx += len(self.cfg.niah_depths) if self.cfg.niah else 0
@@ -105,6 +139,12 @@ class AuditJob:
     # --------------------------------------------------------------------- run
     def run(self) -> list[dict]:
         for ctx in self.s.contexts:
+            if not self.sweep.wants(ctx):
+                continue
+            if all(self.sweep.is_done(k) for k in self.group_keys(ctx)):
+                for _ in self.group_keys(ctx):
+                    self.p.cell_done()
+                continue
             rope_note = fit_context(self.s.lm, ctx, self.cfg.yarn)
             ids = self.prompt(ctx)
             ref = self._greedy_sweep(ctx, ids, rope_note, "greedy", cap=self._cap())
@@ -141,13 +181,32 @@ class AuditJob:
 
     def _emit(self, row: dict) -> None:
         row = {k: v for k, v in row.items() if not k.startswith("_")}
-        self.writer.write(row)
-        self.rows.append(row)
+        self.sweep.emit(row)
         self.p.cell_done()
 
-    def _cell(self, mode: str, ctx: int, check: str, rope_note: str, work, cap: KVCap | None = None) -> dict:
-        """Run `work(effective_mode) -> dict` as one isolated cell and emit its row."""
+    def _skip(self, mode, ctx, check, why, cap=None, extra="", **fields) -> None:
+        cell = self.cell_key(mode, ctx, check, cap, extra)
+        if self.sweep.is_done(cell):
+            self.p.cell_done()
+            return
+        self._emit({**self._base(mode, ctx, check, cap), **fields, "cell": cell, "status": "skipped", "notes": why})
+
+    def _cell(
+        self, mode: str, ctx: int, check: str, rope_note: str, work, cap: KVCap | None = None, extra=""
+    ) -> dict | None:
+        """Run `work(effective_mode) -> dict` as one isolated cell and emit its row.
+
+        A cell already in the results (--resume) is skipped, except fp16's, which
+        is re-run without a row when other cells still need it as their reference.
+        """
+        cell = self.cell_key(mode, ctx, check, cap, extra)
+        silent = self.sweep.is_done(cell)
+        if silent and (mode != "fp16" or check not in ("greedy", "max_kv", "ppl")):
+            self.p.cell_done()
+            return None
         row = self._base(mode, ctx, check, cap)
+        row["cell"] = cell
+        self.sweep.start({k: row[k] for k in ("kv_cache_mode", "context_tokens", "check", "cell", "date")})
         res = self.s.resolve(mode)
         notes = [n for n in (rope_note, res.note, *self.s.lm.notes) if n]
         t0 = time.perf_counter()
@@ -165,7 +224,10 @@ class AuditJob:
         if row.get("_note"):
             notes.append(row["_note"])
         row["notes"] = "; ".join(notes)
-        self._emit(row)
+        if silent:
+            self.p.cell_done()
+        else:
+            self._emit(row)
         return row
 
     def _cap(self) -> KVCap | None:
@@ -193,7 +255,7 @@ class AuditJob:
         ref = None
         for mode in self.s.modes:
             if mode != "fp16" and ref is None:
-                self._emit({**self._base(mode, ctx, check, cap), "status": "skipped", "notes": "fp16 reference failed"})
+                self._skip(mode, ctx, check, "fp16 reference failed", cap)
                 continue
             box = {}
 
@@ -202,8 +264,8 @@ class AuditJob:
                 box["ref"] = out.pop("_ref", None)
                 return out
 
-            self._cell(mode, ctx, check, rope_note, work, cap)
-            if mode == "fp16":
+            row = self._cell(mode, ctx, check, rope_note, work, cap)
+            if mode == "fp16" and row is not None:
                 ref = box.get("ref")
         return ref
 
@@ -359,8 +421,7 @@ class AuditJob:
         if self.s.lm.tokenizer is None:
             for depth in self.cfg.niah_depths:
                 for mode in self.s.modes:
-                    row = {**self._base(mode, ctx, "niah"), "niah_depth": depth, "status": "skipped"}
-                    self._emit({**row, "notes": "no tokenizer"})
+                    self._skip(mode, ctx, "niah", "no tokenizer", extra=depth, niah_depth=depth)
             return
         for i, depth in enumerate(self.cfg.niah_depths):
             number = 7000 + 137 * (i + 1) + ctx % 997  # a different needle per cell
@@ -373,14 +434,14 @@ class AuditJob:
                 return {"niah_depth": depth, "niah_hit": hit, "output_text": text, "gen_tokens": NIAH_GEN}
 
             for mode in self.s.modes:
-                self._cell(mode, ctx, "niah", rope_note, work)
+                self._cell(mode, ctx, "niah", rope_note, work, extra=depth)
 
     # -------------------------------------------------------------- perplexity
     def _ppl(self, ctx: int, rope_note: str) -> None:
         lm = self.s.lm
         if lm.tokenizer is None:
             for mode in self.s.modes:
-                self._emit({**self._base(mode, ctx, "ppl"), "status": "skipped", "notes": "no tokenizer"})
+                self._skip(mode, ctx, "ppl", "no tokenizer")
             return
         text = prompts.text_ids(lm.tokenizer)
         windows = [

@@ -31,18 +31,36 @@ from kvbench.runtime import (
     synchronize,
 )
 from kvbench.session import Session
+from kvbench.sweep import FileSink, Sweep, key
 
 GB = 1e9
 
 
 class BenchJob:
-    def __init__(self, session: Session, progress: Progress) -> None:
+    def __init__(self, session: Session, progress: Progress, sweep: Sweep | None = None) -> None:
         self.s = session
         self.cfg = session.cfg
         self.p = progress
-        self.writer = session.writer("bench", BENCH_COLUMNS)
-        self.rows: list[dict] = []
+        self.sweep = sweep or Sweep(FileSink(session.writer("bench", BENCH_COLUMNS)))
         self.bandwidth = None
+        c = self.cfg
+        # everything besides mode, context and batch that changes a measurement
+        self.params = key(
+            session.lm.weights_hash, session.base_row["dtype"], c.kernel, c.cuda_graphs, c.prefill_chunk,
+            c.boundary_v, c.no_fallback, c.yarn, c.gen, c.warmup, c.repeats, c.fill, c.max_kv_size, c.keep,
+        )  # fmt: skip
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.sweep.rows
+
+    def groups(self) -> list:
+        """Units of sharding: (context, batch) with all its modes; the capacity search."""
+        out = [(ctx, b) for ctx in self.s.contexts for b in self.cfg.batch]
+        return out + ([("capacity", max(self.s.contexts))] if self.cfg.capacity else [])
+
+    def cell_key(self, mode: str, ctx: int, batch) -> str:
+        return key("bench", mode, ctx, batch, self.params)
 
     def n_cells(self) -> int:
         n = len(self.s.contexts) * len(self.cfg.batch) * len(self.s.modes)
@@ -54,28 +72,49 @@ class BenchJob:
         return "random" if self.s.lm.synthetic and self.s.lm.tokenizer is None else "prefill"
 
     def run(self) -> list[dict]:
+        todo = [g for g in self.groups() if self.sweep.wants(g)]
+        if not todo:
+            return self.rows
         self.p.log(f"measuring {self.s.device} copy bandwidth for the roofline ...")
         self.bandwidth = measure_bandwidth(self.s.device)
-        for ctx in self.s.contexts:
+        for group in todo:
+            if group[0] == "capacity":
+                self._capacity_group(group[1])
+                continue
+            ctx, batch = group
+            keys = {m: self.cell_key(m, ctx, batch) for m in self.s.modes}
+            if all(self.sweep.is_done(k) for k in keys.values()):
+                for _ in keys:
+                    self.p.cell_done()
+                continue
             rope_note = fit_context(self.s.lm, ctx, self.cfg.yarn)
-            for batch in self.cfg.batch:
-                cell_rows = [self._cell(mode, ctx, batch, rope_note) for mode in self.s.modes]
-                base = next((r for r in cell_rows if r["kv_cache_mode"] == "fp16" and r["status"] == "ok"), None)
-                for r in cell_rows:
-                    if base and r["status"] == "ok":
-                        r["decode_ratio_vs_fp16"] = round(r["decode_tok_s"] / base["decode_tok_s"], 4)
-                        r["peak_delta_gb"] = round(r["peak_mem_gb"] - base["peak_mem_gb"], 4)
-                    self.writer.write(r)
-                    self.rows.append(r)
-        if self.cfg.capacity:
-            ctx = max(self.s.contexts)
-            rope_note = fit_context(self.s.lm, ctx, self.cfg.yarn)
-            for mode in self.s.modes:
-                for r in self._capacity(mode, ctx, rope_note):
-                    self.writer.write(r)
-                    self.rows.append(r)
-                self.p.cell_done()
+            base = None
+            for mode in self.s.modes:  # fp16 first: every later cell's ratio is known when it is written
+                done = self.sweep.is_done(keys[mode])
+                if done and mode != "fp16":
+                    self.p.cell_done()
+                    continue
+                row = self._cell(mode, ctx, batch, rope_note)
+                row["cell"] = keys[mode]
+                if mode == "fp16" and row["status"] == "ok":
+                    base = row
+                if base and row["status"] == "ok":
+                    row["decode_ratio_vs_fp16"] = round(row["decode_tok_s"] / base["decode_tok_s"], 4)
+                    row["peak_delta_gb"] = round(row["peak_mem_gb"] - base["peak_mem_gb"], 4)
+                    if base is not row and self.sweep.is_done(keys["fp16"]):
+                        row["notes"] += "; ratio vs fp16 re-measured in this (resumed) run"
+                if not done:
+                    self.sweep.emit(row)
         return self.rows
+
+    def _capacity_group(self, ctx: int) -> None:
+        rope_note = fit_context(self.s.lm, ctx, self.cfg.yarn)
+        for mode in self.s.modes:
+            cell = key("bench-capacity", mode, ctx, self.params)
+            if not self.sweep.is_done(cell):
+                for r in self._capacity(mode, ctx, rope_note):
+                    self.sweep.emit({**r, "cell": cell})
+            self.p.cell_done()
 
     # ------------------------------------------------------------------ capacity
     def _fits(self, mode: str, ctx: int, batch: int) -> dict | None:
@@ -164,6 +203,9 @@ class BenchJob:
     def _cell(self, mode: str, ctx: int, batch: int, rope_note: str) -> dict:
         res = self.s.resolve(mode)
         cfg = self.cfg
+        self.sweep.start(
+            {"kv_cache_mode": mode, "context_tokens": ctx, "batch": batch, "cell": self.cell_key(mode, ctx, batch)}
+        )
         row = {
             **self.s.base_row,
             "context_tokens": ctx,

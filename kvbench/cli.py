@@ -125,6 +125,13 @@ Quiet = Annotated[bool | None, typer.Option("--quiet", "-q", help="No progress b
 Resume = Annotated[
     bool | None, typer.Option("--resume", help="Skip cells already in the results folder.", show_default=False)
 ]
+Devices = Annotated[
+    str | None,
+    typer.Option(
+        help="Shard the sweep over devices, one worker process each: 0,1 / cuda:0,cuda:1 / all (cpu,cpu for CPU workers).",
+        show_default=False,
+    ),
+]
 Force = Annotated[
     bool | None,
     typer.Option("--force", help="With --resume: allow results from another version/model hash.", show_default=False),
@@ -143,6 +150,21 @@ def _common(**kw) -> dict:
     return out
 
 
+def friendly(fn):
+    """Bad input is one line on stderr and exit code 2, never a traceback."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except KvbenchError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
 def _fail(message: str, code: int = 2):
     typer.echo(f"error: {message}", err=True)
     sys.exit(code)
@@ -154,42 +176,130 @@ def _console(quiet: bool):
     return Console(stderr=True, quiet=quiet)
 
 
+def _job_files(job: str):
+    from kvbench.results import AUDIT_COLUMNS, BENCH_COLUMNS
+
+    return ("audit", AUDIT_COLUMNS) if job == "audit" else ("bench", BENCH_COLUMNS)
+
+
+def _open_sweep(writer, cfg, version: str, model_hash: str):
+    from kvbench.sweep import FileSink, Sweep, check_fresh, done_cells
+
+    check_fresh(writer.csv_path, cfg.resume, cfg.force)
+    done = done_cells(writer.csv_path, version=version, model_hash=model_hash, force=cfg.force) if cfg.resume else set()
+    return Sweep(FileSink(writer), done=done)
+
+
 def _run(job: str, cfg) -> None:
     from kvbench.runtime import Progress
     from kvbench.session import Session
+    from kvbench.sweep import parse_devices
 
     console = _console(cfg.quiet)
     t0 = time.time()
+    devices = parse_devices(cfg.devices)
+    if len(devices) > 1:
+        return _run_sharded(job, cfg, devices, console, t0)
+    if devices:
+        cfg.device = devices[0]
     session = Session.open(cfg, job, log=lambda m: console.print(m))
     for note in session.notes:
         console.print(f"[dim]{note}[/dim]")
+    stem, columns = _job_files(job)
+    writer = session.writer(stem, columns)
+    sweep = _open_sweep(writer, cfg, session.base_row["kvbench_version"], session.lm.weights_hash)
+    if sweep.done:
+        console.print(f"resuming: {len(sweep.done)} finished cells in {writer.csv_path} are skipped")
     if job == "audit":
         from kvbench.audit import AuditJob as Job
     else:
         from kvbench.bench import BenchJob as Job
     try:
         with Progress(0, cfg.quiet, console) as progress:
-            runner = Job(session, progress)
-            if progress._p:
-                progress._p.update(progress._cells, total=runner.n_cells())
+            runner = Job(session, progress, sweep)
+            progress.set_total(runner.n_cells())
             rows = runner.run()
     except KeyboardInterrupt:
         session.record_run(time.time() - t0)
-        console.print(
-            f"[red]interrupted[/red]: finished cells are saved in {session.out_dir}/; "
-            "run the same command with --resume to continue"
+        typer.echo(
+            f"interrupted: {len(sweep.rows)} finished cells are saved in {writer.csv_path}; "
+            "run the same command with --resume to continue",
+            err=True,
         )
         raise typer.Exit(130) from None
     session.record_run(time.time() - t0)
+    _finish(job, cfg, rows, writer, console, t0)
+
+
+def _finish(job, cfg, rows, writer, console, t0) -> None:
+    if "md" in cfg.formats:
+        from kvbench.results import write_markdown
+
+        write_markdown(rows, writer.directory / f"{writer.stem}.md", job)
     if not cfg.quiet:
         from kvbench.tables import print_rows
 
         print_rows(job, rows, console)
-    console.print(f"wrote {session.out_dir}/ ({len(rows)} rows, {time.time() - t0:.0f} s)")
+    console.print(f"wrote {writer.directory}/ ({len(rows)} rows, {time.time() - t0:.0f} s)")
+
+
+def _run_sharded(job: str, cfg, devices: list[str], console, t0: float) -> None:
+    """One worker process per device; this process only writes rows (no model here)."""
+    import kvbench
+    from kvbench import results
+    from kvbench.engine.weights import model_identity
+    from kvbench.kv import registry
+    from kvbench.runtime import Progress
+    from kvbench.session import RUN_COLUMNS
+    from kvbench.sweep import run_sharded
+
+    for plugin in cfg.plugin:
+        registry.load_plugin(plugin)
+    modes = registry.parse_modes(cfg.modes)
+    model_id, model_hash = model_identity(cfg.model)
+    gpu = devices[0].startswith("cuda")
+    if cfg.contexts is None:
+        cfg.contexts = [2048, 8192, 32768] if gpu else [2048, 8192]
+    out = Path(cfg.out) if cfg.out else results.default_out_dir(devices[0])
+    stem, columns = _job_files(job)
+    writer = results.ResultsWriter(out, stem, columns, formats=cfg.formats)
+    sweep = _open_sweep(writer, cfg, kvbench.__version__, model_hash)
+    if job == "audit":
+        groups = list(cfg.contexts)
+        per_ctx = 1 + cfg.ppl + 2 * len(cfg.kv_caps) + cfg.prefix_reuse + cfg.compare_kernels
+        per_ctx += len(cfg.niah_depths) if cfg.niah else 0
+        total = len(groups) * len(set(modes) | {"fp16"}) * per_ctx
+    else:
+        groups = [(c, b) for c in cfg.contexts for b in cfg.batch]
+        groups += [("capacity", max(cfg.contexts))] if cfg.capacity else []
+        total = len(groups) * len(set(modes) | {"fp16"})
+    console.print(f"sharding {len(groups)} groups of cells over {len(devices)} workers: {', '.join(devices)}")
+    cfg.resume = False  # workers get the finished cells from here
+    try:
+        with Progress(total, cfg.quiet, console) as progress:
+            rows = run_sharded(job, cfg, devices, groups, sweep.sink, columns, progress, done=sweep.done)
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: finished cells are saved in {writer.csv_path}; rerun with --resume", err=True)
+        raise typer.Exit(130) from None
+    finally:
+        results.ResultsWriter(out, "runs", RUN_COLUMNS, formats=("csv",)).write(
+            {
+                "date": results.now(),
+                "job": job,
+                "command": " ".join(["kvbench", *sys.argv[1:]]),
+                "device": f"{len(devices)} workers: {', '.join(devices)}",
+                "model": model_id,
+                "kvbench_version": kvbench.__version__,
+                "git_commit": results.git_commit(),
+                "wall_s": round(time.time() - t0, 1),
+            }
+        )
+    _finish(job, cfg, rows, writer, console, t0)
 
 
 # ----------------------------------------------------------------------- commands
 @app.command(no_args_is_help=False)
+@friendly
 def audit(
     model: Model = None,
     modes: Modes = None,
@@ -269,6 +379,9 @@ def audit(
     formats: Formats = None,
     quiet: Quiet = None,
     no_cuda_graphs: NoGraphs = None,
+    resume: Resume = None,
+    force: Force = None,
+    devices: Devices = None,
 ) -> None:
     """Does each mode run, and is its output still right? Greedy decode per mode vs fp16 on the same prompt.
 
@@ -283,6 +396,7 @@ def audit(
 
 
 @app.command("decode-bench", no_args_is_help=False)
+@friendly
 def decode_bench(
     model: Model = None,
     modes: Modes = None,
@@ -303,7 +417,7 @@ def decode_bench(
     capacity: Annotated[
         bool | None,
         typer.Option(
-            "--capacity",
+            "--capacity/--no-capacity",
             help="Also search the largest batch that fits at the longest context, per mode.",
             show_default=False,
         ),
@@ -333,6 +447,9 @@ def decode_bench(
     formats: Formats = None,
     quiet: Quiet = None,
     no_cuda_graphs: NoGraphs = None,
+    resume: Resume = None,
+    force: Force = None,
+    devices: Devices = None,
 ) -> None:
     """What does each mode cost or buy? Warmed decode tok/s, peak memory and KV bytes per mode, context and batch.
 
@@ -346,6 +463,7 @@ def decode_bench(
 
 
 @app.command(no_args_is_help=False)
+@friendly
 def report(
     results_dirs: Annotated[
         list[Path] | None,
@@ -376,7 +494,58 @@ def report(
     typer.echo(f"wrote {path}")
 
 
+@app.command()
+@friendly
+def plan(
+    job: Annotated[str, typer.Argument(help="audit or decode-bench")],
+    config: Annotated[str, typer.Option("--config", help="The sweep's TOML file.")],
+    out: Annotated[str, typer.Option("--out", "-o", help="Parent folder of the per-job result folders.")],
+    emit: Annotated[str, typer.Option(help="What to write: 'jobs' (one command per group of cells).")] = "jobs",
+    file: Annotated[
+        Path | None, typer.Option("--file", help="Also write the commands to this file (plus a Slurm array script).")
+    ] = None,
+) -> None:
+    """Split a sweep into self-contained commands for a cluster scheduler (Slurm array, Ray, any job runner).
+
+    Each line runs one group of cells (a context; for decode-bench a context and a batch size) into
+    its own results folder; `kvbench report OUT/*` merges them afterwards.
+    """
+    import shlex
+
+    if job not in ("audit", "decode-bench"):
+        raise KvbenchError(f"plan: job must be audit or decode-bench, not '{job}'")
+    if emit != "jobs":
+        raise KvbenchError(f"plan: --emit '{emit}' is not supported (jobs)")
+    cfg = config_mod.build_config(job, config, {})
+    contexts = cfg.contexts or [2048, 8192, 32768]
+    cmds = []
+    for ctx in contexts:
+        batches = cfg.batch if job == "decode-bench" else [None]
+        for b in batches:
+            name = f"ctx{ctx}" + (f"-b{b}" if b else "")
+            parts = ["kvbench", job, "--config", config, "--contexts", str(ctx), "--out", f"{out}/{name}", "--resume"]
+            if b:
+                parts += ["--batch", str(b)]
+            cmds.append(" ".join(shlex.quote(p) for p in parts))
+    if job == "decode-bench" and cfg.capacity:  # the capacity search runs once, with the longest context
+        last = f"--contexts {max(contexts)} "
+        first_b = f"--batch {cfg.batch[0]}"
+        cmds = [c if (last in c and c.endswith(first_b)) else c + " --no-capacity" for c in cmds]
+    for c in cmds:
+        typer.echo(c)
+    if file:
+        file.write_text("\n".join(cmds) + "\n")
+        slurm = file.with_suffix(".slurm.sh")
+        slurm.write_text(
+            "#!/bin/bash\n"
+            f"#SBATCH --array=1-{len(cmds)}\n#SBATCH --gres=gpu:1\n"
+            f'eval "$(sed -n "${{SLURM_ARRAY_TASK_ID}}p" {shlex.quote(str(file))})"\n'
+        )
+        typer.echo(f"# wrote {file} and {slurm} (sbatch {slurm}); then: kvbench report {out}/*", err=True)
+
+
 @app.command("modes")
+@friendly
 def list_modes() -> None:
     """List the registered KV modes and their aliases."""
     from kvbench.kv import registry
@@ -387,13 +556,22 @@ def list_modes() -> None:
         typer.echo(f"{name:18s} {cls.summary}{alias}")
 
 
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt  # a scheduler's kill ends like Ctrl-C: finished cells saved, resumable
+
+
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _sigterm)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import warnings
 
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
     except KvbenchError as exc:
         _fail(str(exc))
     except typer.Exit as exc:

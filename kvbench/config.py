@@ -129,6 +129,14 @@ def validate(cfg, where: str = "command line") -> None:
     def bad(key, why):
         raise KvbenchError(f"{where}: {key}: {why}")
 
+    from kvbench.kv import registry
+
+    try:
+        for plugin in cfg.plugin:
+            registry.load_plugin(plugin)
+        registry.parse_modes(cfg.modes)
+    except KvbenchError as exc:
+        raise KvbenchError(f"{where}: modes: {exc}") from None
     if cfg.contexts is not None:
         if not cfg.contexts:
             bad("contexts", "needs at least one value")

@@ -252,7 +252,9 @@ def hf_model_for(lm, device="cpu", dtype=torch.float32, *, attn_implementation: 
         model.lm_head.weight = model.model.embed_tokens.weight
         missing = [m for m in missing if m != "lm_head.weight"]
     if missing or unexpected:
-        raise KvbenchError(f"kvbench weights do not fit transformers' model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise KvbenchError(
+            f"kvbench weights do not fit transformers' model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     _set_rope(model, cfg, device)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:

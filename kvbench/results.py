@@ -71,6 +71,7 @@ AUDIT_COLUMNS = [
     "synthetic",
     "elapsed_s",
     *[c for c in PROVENANCE_COLUMNS if c not in ("device", "model")],
+    "cell",
 ]
 
 BENCH_COLUMNS = [
@@ -113,6 +114,7 @@ BENCH_COLUMNS = [
     "boundary_v",
     "synthetic",
     *[c for c in PROVENANCE_COLUMNS if c not in ("device", "model")],
+    "cell",
 ]
 
 STATUSES = ("ok", "diverged", "degenerate", "fallback", "oom", "error", "skipped")
@@ -283,3 +285,22 @@ def default_out_dir(device) -> Path:
     if dev.type == "cuda":
         tag = torch.cuda.get_device_name(dev).split()[-1].lower()
     return Path("results") / f"{today()}-{tag}"
+
+
+_MD_COLUMNS = {
+    "audit": ["context_tokens", "check", "kv_cache_mode", "effective_mode", "status", "verdict",
+              "first_divergence", "top1_agreement", "kl_div", "ppl_delta", "kv_bytes_per_token"],
+    "decode-bench": ["context_tokens", "batch", "kv_cache_mode", "status", "decode_tok_s",
+                     "decode_ratio_vs_fp16", "peak_mem_gb", "kv_bytes_per_token", "roofline_frac"],
+}  # fmt: skip
+
+
+def write_markdown(rows: list[dict], path: Path, job: str) -> None:
+    """A compact markdown table of a job's rows (`--format md`); the full report is `kvbench report`."""
+    cols = _MD_COLUMNS[job]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c)).replace("|", "\\|") for c in cols) + " |")
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)

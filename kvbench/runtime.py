@@ -174,6 +174,10 @@ class Progress:
         if self._p:
             self._p.__exit__(*exc)
 
+    def set_total(self, total: int) -> None:
+        if self._p:
+            self._p.update(self._cells, total=total)
+
     def cell_done(self) -> None:
         if self._p:
             self._p.advance(self._cells)

@@ -249,30 +249,18 @@ def _build(args: ModelArgs, sd: dict[str, torch.Tensor] | None, device, dtype, s
     return model.eval()
 
 
-def load_model(spec: str | None, *, device="cpu", dtype=torch.float32, progress=None) -> LoadedModel:
-    """Resolve a `--model` value and load it. `None` means the embedded default."""
-    device = torch.device(device)
+def resolve_model(spec: str | None) -> tuple[str, str, str]:
+    """(kind, location, model id) for a `--model` value, without loading weights.
+
+    kind is "gguf", "hf" or "dummy"; one-line errors for what cannot be found.
+    """
     if spec is None or spec in ("", "default"):
-        gguf_path = default_gguf_path()
-        folder = gguf_to_hf_folder(gguf_path, progress)
-        lm = _load_hf_folder(
-            folder,
-            device,
-            dtype,
-            model_id=DEFAULT_MODEL_ID,
-            weights_hash=file_hash([gguf_path]),
-        )
-        lm.source = str(gguf_path)
-        return lm
+        return "gguf", str(default_gguf_path()), DEFAULT_MODEL_ID
     if spec.startswith("dummy:"):
         preset = spec.split(":", 1)[1]
         if preset not in PRESETS:
             raise KvbenchError(f"unknown dummy preset '{preset}' (presets: {', '.join(PRESETS)})")
-        cfg = preset_config(preset)
-        args = ModelArgs.from_hf(cfg)
-        model = _build(args, None, device, dtype)
-        digest = hashlib.sha256(f"{spec}:seed0".encode()).hexdigest()[:16]
-        return LoadedModel(model, None, args, spec, digest, True, spec, ["synthetic: random weights"])
+        return "dummy", preset, spec
     path = Path(spec).expanduser()
     if not path.exists():
         raise KvbenchError(
@@ -280,13 +268,40 @@ def load_model(spec: str | None, *, device="cpu", dtype=torch.float32, progress=
             f"or dummy:<preset> with presets {', '.join(PRESETS)})"
         )
     if path.is_file() and path.suffix == ".gguf":
-        folder = gguf_to_hf_folder(path, progress)
-        lm = _load_hf_folder(folder, device, dtype, model_id=path.name, weights_hash=file_hash([path]))
-        lm.source = str(path)
-        return lm
+        return "gguf", str(path), path.name
     if path.is_dir() and (path / "config.json").is_file():
-        return _load_hf_folder(path, device, dtype, model_id=path.name, weights_hash=None)
+        return "hf", str(path), path.name
     raise KvbenchError(f"'{spec}' is neither a Hugging Face folder (with config.json) nor a .gguf file")
+
+
+def model_identity(spec: str | None) -> tuple[str, str]:
+    """(model id, weights hash) without loading the weights (hashes are memoised)."""
+    kind, where, model_id = resolve_model(spec)
+    if kind == "dummy":
+        return model_id, hashlib.sha256(f"{model_id}:seed0".encode()).hexdigest()[:16]
+    if kind == "gguf":
+        return model_id, file_hash([Path(where)])
+    files = sorted(Path(where).glob("*.safetensors"))
+    if not files:
+        raise KvbenchError(f"no *.safetensors weights in {where}")
+    return model_id, file_hash(files)
+
+
+def load_model(spec: str | None, *, device="cpu", dtype=torch.float32, progress=None) -> LoadedModel:
+    """Resolve a `--model` value and load it. `None` means the embedded default."""
+    device = torch.device(device)
+    kind, where, model_id = resolve_model(spec)
+    _, digest = model_identity(spec)
+    if kind == "dummy":
+        args = ModelArgs.from_hf(preset_config(where))
+        model = _build(args, None, device, dtype)
+        return LoadedModel(model, None, args, model_id, digest, True, model_id, ["synthetic: random weights"])
+    if kind == "gguf":
+        folder = gguf_to_hf_folder(Path(where), progress)
+        lm = _load_hf_folder(folder, device, dtype, model_id=model_id, weights_hash=digest)
+        lm.source = where
+        return lm
+    return _load_hf_folder(Path(where), device, dtype, model_id=model_id, weights_hash=digest)
 
 
 def _load_hf_folder(folder: Path, device, dtype, *, model_id: str, weights_hash: str | None) -> LoadedModel:

@@ -1,0 +1,174 @@
+"""Sweeps that survive: resume after an exception or a signal, OOM cells as rows,
+config validation, sharding over CPU workers."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from kvbench.cli import app
+
+runner = CliRunner()
+TINY = ["--model", "dummy:tiny", "--quiet", "--modes", "fp16,int8,turbo4-asym"]
+
+
+def run(args, code=0):
+    result = runner.invoke(app, args)
+    assert result.exit_code == code, (result.output, result.exception)
+    return result
+
+
+def read(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def cells(path):
+    rows = read(path)
+    keys = [r["cell"] for r in rows]
+    assert len(keys) == len(set(keys)), "duplicated cells"
+    return {r["cell"]: r["status"] for r in rows}
+
+
+AUDIT = [*TINY, "--contexts", "40,56", "--gen-tokens", "4", "--kv-cap-check", "24", "--prefix-reuse"]
+BENCH = [*TINY, "--contexts", "48,64", "--batch", "1,2", "--gen", "2", "--warmup", "1", "--repeats", "1"]
+
+
+def test_audit_resume_after_an_exception(tmp_path, monkeypatch):
+    full, part = tmp_path / "full", tmp_path / "part"
+    run(["audit", *AUDIT, "--out", str(full)])
+    from kvbench.audit import AuditJob
+
+    real, calls = AuditJob._compare, {"n": 0}
+
+    def flaky(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt  # as if Ctrl-C arrived mid-sweep
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(AuditJob, "_compare", flaky)
+    result = run(["audit", *AUDIT, "--out", str(part)], code=130)
+    assert "--resume" in result.output
+    saved = cells(part / "audit.csv")
+    assert 0 < len(saved) < len(cells(full / "audit.csv"))
+    monkeypatch.setattr(AuditJob, "_compare", real)
+    run(["audit", *AUDIT, "--out", str(part)], code=2)  # no silent duplication without --resume
+    run(["audit", *AUDIT, "--out", str(part), "--resume"])
+    assert cells(part / "audit.csv").keys() == cells(full / "audit.csv").keys()
+    # a second resume finds nothing left to do
+    before = (part / "audit.csv").read_text()
+    run(["audit", *AUDIT, "--out", str(part), "--resume"])
+    assert (part / "audit.csv").read_text() == before
+
+
+def test_bench_resume_after_a_signal(tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    run(["decode-bench", *BENCH, "--out", str(full)])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "kvbench", "decode-bench", *BENCH, "--out", str(part)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    csv_path = part / "bench.csv"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not csv_path.exists() or len(read(csv_path)) < 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # what a cluster scheduler sends
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out
+    saved = cells(csv_path)  # parseable, whole lines only
+    assert 2 <= len(saved) < len(cells(full / "bench.csv"))
+    run(["decode-bench", *BENCH, "--out", str(part), "--resume"])
+    assert cells(csv_path).keys() == cells(full / "bench.csv").keys()
+
+
+def test_oom_in_one_cell_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    from kvbench.bench import BenchJob
+
+    real = BenchJob._measure
+
+    def measure(self, mode, ctx, batch, notes):
+        if mode == "int8" and ctx == 48 and batch == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        return real(self, mode, ctx, batch, notes)
+
+    monkeypatch.setattr(BenchJob, "_measure", measure)
+    run(["decode-bench", *BENCH, "--out", str(tmp_path)])
+    rows = read(tmp_path / "bench.csv")
+    assert len(rows) == 12
+    bad = [r for r in rows if r["status"] != "ok"]
+    assert len(bad) == 1 and bad[0]["status"] == "oom" and "out of memory" in bad[0]["notes"]
+    after = rows.index(bad[0]) + 1
+    assert rows[after]["status"] == "ok"  # the next cell still ran
+
+
+def test_resume_refuses_another_model(tmp_path):
+    run(["decode-bench", *BENCH, "--out", str(tmp_path)])
+    other = [a if a != "dummy:tiny" else "dummy:smollm2-135m" for a in BENCH]
+    result = run(["decode-bench", *other, "--out", str(tmp_path), "--resume"], code=2)
+    assert "model hash" in result.output and "--force" in result.output
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[audit]\ngen_tokenz = 3\n", r"c\.toml: unknown key 'gen_tokenz' in \[audit\]"),
+        ('[audit]\ngen_tokens = "many"\n', r"c\.toml \[audit\]: key 'gen_tokens' must be int"),
+        ('[common]\nmodes = ["int9"]\n', r"c\.toml: modes: unknown KV mode 'int9'"),
+        ("[benchmark]\nbatch = [1]\n", r"c\.toml: unknown table \[benchmark\]"),
+        ("[audit\n", r"c\.toml: not valid TOML"),
+    ],
+)
+def test_bad_config_names_file_key_and_reason(tmp_path, text, message):
+    import re
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    result = run(["audit", "--config", str(cfg), "--out", str(tmp_path / "o")], code=2)
+    assert re.search(message, result.output), result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_config_file_and_command_line_override(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        '[common]\nmodel = "dummy:tiny"\nmodes = ["fp16", "int8"]\ncontexts = [40]\n[audit]\ngen_tokens = 3\n'
+    )
+    run(["audit", "--config", str(cfg), "--contexts", "48", "--out", str(tmp_path / "o"), "--quiet"])
+    rows = read(tmp_path / "o" / "audit.csv")
+    assert {r["context_tokens"] for r in rows} == {"48"} and {r["gen_tokens"] for r in rows} == {"3"}
+
+
+def test_sharded_run_equals_unsharded(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(["decode-bench", *BENCH, "--out", str(one)])
+    run(["decode-bench", *BENCH, "--out", str(two), "--devices", "cpu,cpu"])
+    assert cells(one / "bench.csv") == cells(two / "bench.csv")
+    runs = read(two / "runs.csv")
+    assert "2 workers" in runs[0]["device"]
+
+
+def test_shipped_configs_are_valid():
+    from pathlib import Path
+
+    from kvbench.config import build_config
+
+    root = Path(__file__).parent.parent / "configs"
+    names = sorted(p.name for p in root.glob("*.toml"))
+    assert {"default.toml", "h200-llama-3.1-8b.toml", "ci-tiny.toml"} <= set(names)
+    for p in root.glob("*.toml"):
+        for job in ("audit", "decode-bench"):
+            build_config(job, str(p), {})
+
+
+def test_plan_emits_one_command_per_group(tmp_path):
+    out = tmp_path / "jobs"
+    result = run(["plan", "decode-bench", "--config", "configs/ci-tiny.toml", "--out", str(out)])
+    lines = [x for x in result.output.splitlines() if x.startswith("kvbench")]
+    assert len(lines) >= 2 and all("--resume" in x for x in lines)
