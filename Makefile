@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 
 audit: setup
 	$(VENV)/bin/kvbench audit --out $(RUN) --resume $(AUDIT_ARGS)
-	$(VENV)/bin/kvbench decode-bench --out $(RUN) --resume --contexts 2k --batch 1,8 --gen 32 --repeats 3 $(BENCH_ARGS)
+	$(VENV)/bin/kvbench decode-bench --out $(RUN) --resume --contexts 2k --batch 1 --warmup 4 --gen 16 --repeats 3 $(BENCH_ARGS)
 	$(VENV)/bin/kvbench report $(RUN)
 
 lint: setup

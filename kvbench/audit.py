@@ -65,6 +65,7 @@ class AuditJob:
             session.lm.weights_hash, session.base_row["dtype"], c.kernel, c.prefill_chunk, c.boundary_v,
             c.no_fallback, c.yarn, c.gen_tokens, c.near_tie_margin, c.question, c.prompt_file, c.max_kv_size, c.keep,
         )  # fmt: skip
+        self._ref_tokens = None  # fp16's greedy tokens at the current context (peers are forced on them)
         self.question = self.cfg.question or prompts.DEFAULT_QUESTION
         self._passage = self._read_prompt_file()
         if self.cfg.contexts is None and self._passage is not None:
@@ -85,7 +86,7 @@ class AuditJob:
         return key("audit", check, mode, ctx, capk, extra, self.params)
 
     def group_keys(self, ctx: int) -> list[str]:
-        keys = []
+        keys = [self.cell_key(p, ctx, "greedy", self._cap()) for p in self.s.peers]
         for mode in self.s.modes:
             keys.append(self.cell_key(mode, ctx, "greedy", self._cap()))
             for max_kv in self.cfg.kv_caps:
@@ -103,7 +104,7 @@ class AuditJob:
     def n_cells(self) -> int:
         per_ctx = 1 + self.cfg.ppl + 2 * len(self.cfg.kv_caps) + self.cfg.prefix_reuse + self.cfg.compare_kernels
         per_ctx += len(self.cfg.niah_depths) if self.cfg.niah else 0
-        return len(self.s.contexts) * len(self.s.modes) * per_ctx
+        return len(self.s.contexts) * (len(self.s.modes) * per_ctx + len(self.s.peers))
 
     def _read_prompt_file(self):
         if not self.cfg.prompt_file:
@@ -267,22 +268,45 @@ class AuditJob:
             row = self._cell(mode, ctx, check, rope_note, work, cap)
             if mode == "fp16" and row is not None:
                 ref = box.get("ref")
+                self._ref_tokens = ref.tokens if ref is not None else None
+        if check == "greedy":
+            for peer in self.s.peers:
+                if ref is None:
+                    self._skip(peer, ctx, check, "fp16 reference failed", cap)
+                    continue
+
+                def peer_work(effective, peer=peer, ref=ref):
+                    return self._compare(peer, ctx, ids, ref, cap, f"{ctx} {check} {peer}")
+
+                self._cell(peer, ctx, check, rope_note, peer_work, cap)
         return ref
 
     def _compare(self, mode, ctx, ids, ref: Reference | None, cap, label) -> dict:
+        """Decode with `mode` (a kvbench mode or a transformers peer) and judge it against fp16."""
         gen = self.cfg.gen_tokens
-        run = self._decode(mode, ids, gen, cap, label, snapshot=ref is not None)
-        toks, logits = run.tokens, run.logits
-        kv_bytes = sum(c.nbytes() for c in run.caches)
+        if mode.startswith("hf:"):
+            toks, logits, forced_fn, out = self._peer_run(mode, ctx, ids, cap, label)
+        else:
+            run = self._decode(mode, ids, gen, cap, label, snapshot=ref is not None)
+            toks, logits = run.tokens, run.logits
+            kv_bytes = sum(c.nbytes() for c in run.caches)
+            out = {"kv_bytes": kv_bytes, "kv_bytes_per_token": round(kv_bytes / max(1, run.caches[0].live), 1)}
+
+            def forced_fn(run=run):
+                del run.caches  # free them before the second pass
+                return teacher_forced(
+                    self.s.lm.model,
+                    run.first,
+                    run.snapshot,
+                    ref.tokens[None].to(ids.device),
+                    cap,
+                    self.p.advance_to,
+                    self.s.stepper(run.snapshot, cap),
+                )[0].cpu()
+
         text = self.decode_text(toks.tolist())
         deg = self._degenerate(toks.tolist(), text)
-        out = {
-            "kv_bytes": kv_bytes,
-            "kv_bytes_per_token": round(kv_bytes / max(1, run.caches[0].live), 1),
-            "output_text": text,
-            "degenerate": deg.degenerate,
-            "degenerate_reason": deg.reason,
-        }
+        out.update(output_text=text, degenerate=deg.degenerate, degenerate_reason=deg.reason)
         if ref is None:  # this is fp16 itself
             out["_ref"] = Reference(toks, logits, text, _compare_len(toks.tolist(), self.s.lm.tokenizer))
             out.update(identical_to_fp16=True, token_match=1.0, top1_agreement=1.0, kl_div=0.0)
@@ -292,17 +316,8 @@ class AuditJob:
         div = quality.first_divergence(ref.tokens[:n].tolist(), toks[:n].tolist())
         forced = logits  # while tokens agree the greedy pass *is* the teacher-forced pass
         if div is not None:
-            del run.caches
             self.p.step(f"{label}: teacher-forced", gen)
-            forced = teacher_forced(
-                self.s.lm.model,
-                run.first,
-                run.snapshot,
-                ref.tokens[None].to(ids.device),
-                cap,
-                self.p.advance_to,
-                self.s.stepper(run.snapshot, cap),
-            )[0].cpu()
+            forced = forced_fn()
         near_tie = div is not None and quality.top2_margin(ref.logits[div]) < self.cfg.near_tie_margin
         out.update(
             identical_to_fp16=div is None,
@@ -319,6 +334,25 @@ class AuditJob:
         else:
             out["verdict"] = "near-tie" if near_tie else "diverged"
         return out
+
+    def _peer_run(self, peer, ctx, ids, cap, label):
+        """A transformers cache on transformers' own model with the same weights."""
+        from kvbench.peers import check_peer, fit_peer_context, peer_generate, peer_teacher_forced
+
+        if cap is not None:
+            raise KvbenchError(f"{peer}: transformers' caches have no --max-kv-size")
+        spec = check_peer(peer)  # a missing backend is a one-line error row
+        hf = self.s.hf_model()
+        note = fit_peer_context(hf, self.s.lm, ctx, self.cfg.yarn)
+        self.p.step(f"{label}: transformers generate", self.cfg.gen_tokens)
+        toks, logits = peer_generate(hf, peer, ids, self.cfg.gen_tokens)
+        ref_tokens = self._ref_tokens
+
+        def forced_fn():
+            return peer_teacher_forced(hf, peer, ids, ref_tokens)
+
+        out = {"kernel": "transformers", "_note": "; ".join(n for n in (spec.settings(), note) if n)}
+        return toks, logits, forced_fn, out
 
     # ---------------------------------------------------- kernel vs reference
     def _compare_kernels(self, ctx: int, ids: torch.Tensor, ref: Reference, rope_note: str) -> None:

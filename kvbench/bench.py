@@ -18,6 +18,7 @@ import torch
 from kvbench import prompts
 from kvbench.engine.generate import KVCap, decode_one_token, prefill
 from kvbench.engine.weights import fit_context
+from kvbench.errors import KvbenchError
 from kvbench.results import BENCH_COLUMNS
 from kvbench.runtime import (
     Progress,
@@ -63,7 +64,7 @@ class BenchJob:
         return key("bench", mode, ctx, batch, self.params)
 
     def n_cells(self) -> int:
-        n = len(self.s.contexts) * len(self.cfg.batch) * len(self.s.modes)
+        n = len(self.s.contexts) * len(self.cfg.batch) * (len(self.s.modes) + len(self.s.peers))
         return n + (len(self.s.modes) if self.cfg.capacity else 0)
 
     def fill_kind(self) -> str:
@@ -105,7 +106,61 @@ class BenchJob:
                         row["notes"] += "; ratio vs fp16 re-measured in this (resumed) run"
                 if not done:
                     self.sweep.emit(row)
+            for peer in self.s.peers:
+                cell = self.cell_key(peer, ctx, batch)
+                if self.sweep.is_done(cell):
+                    self.p.cell_done()
+                    continue
+                row = self._peer_cell(peer, ctx, batch, rope_note)
+                row["cell"] = cell
+                if base and row["status"] == "ok":
+                    row["decode_ratio_vs_fp16"] = round(row["decode_tok_s"] / base["decode_tok_s"], 4)
+                    row["peak_delta_gb"] = round(row["peak_mem_gb"] - base["peak_mem_gb"], 4)
+                self.sweep.emit(row)
         return self.rows
+
+    def _peer_cell(self, peer: str, ctx: int, batch: int, rope_note: str) -> dict:
+        """A transformers cache through transformers' own decode loop, same weights and prompt."""
+        from kvbench.peers import fit_peer_context, peer_decode_bench
+
+        s, cfg = self.s, self.cfg
+        self.sweep.start({"kv_cache_mode": peer, "context_tokens": ctx, "batch": batch})
+        row = {
+            **s.base_row,
+            "context_tokens": ctx,
+            "gen_tokens": cfg.gen,
+            "kv_cache_mode": peer,
+            "effective_mode": peer,
+            "batch": batch,
+            "repeats": cfg.repeats,
+            "warmup": cfg.warmup,
+            "kernel": "transformers",
+            "cuda_graphs": False,
+            "bandwidth_gbs": round(self.bandwidth / GB, 1),
+            "prefill_source": "prefill",
+        }
+        notes = [rope_note] if rope_note else []
+        self.p.step(f"{ctx} x{batch} {peer}: transformers", 1)
+        try:
+            hf = s.hf_model()
+            note = fit_peer_context(hf, s.lm, ctx, cfg.yarn)
+            out = peer_decode_bench(hf, peer, self._prompt(ctx, batch), cfg.warmup, cfg.gen, cfg.repeats, s.device)
+            notes += [n for n in (note, out.pop("_note", "")) if n and n != rope_note]
+            row.update(out, status="ok")
+            if row.get("kv_bytes"):
+                floor_s = (row["weight_bytes"] + row["kv_bytes"]) / self.bandwidth
+                row["floor_ms"] = round(floor_s * 1e3, 4)
+                row["roofline_frac"] = round(floor_s / (row["step_ms"] / 1e3), 4)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            row["status"] = "oom" if is_oom(exc) else "error"
+            notes.append(str(exc) if isinstance(exc, KvbenchError) else one_line(exc))
+        finally:
+            release(s.device)
+        row["notes"] = "; ".join(notes)
+        self.p.cell_done()
+        return row
 
     def _capacity_group(self, ctx: int) -> None:
         rope_note = fit_context(self.s.lm, ctx, self.cfg.yarn)

@@ -134,7 +134,9 @@ def validate(cfg, where: str = "command line") -> None:
     try:
         for plugin in cfg.plugin:
             registry.load_plugin(plugin)
-        registry.parse_modes(cfg.modes)
+        from kvbench.peers import split_modes
+
+        registry.parse_modes(split_modes(cfg.modes)[0])
     except KvbenchError as exc:
         raise KvbenchError(f"{where}: modes: {exc}") from None
     if cfg.contexts is not None:

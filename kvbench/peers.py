@@ -85,6 +85,23 @@ def is_peer(name: str) -> bool:
     return name.startswith("hf:")
 
 
+def split_modes(items: list[str] | None) -> tuple[list[str] | None, list[str]]:
+    """Split a --modes list into kvbench modes and peers ('hf:all' = every peer)."""
+    if items is None:
+        return None, []
+    modes, peers = [], []
+    for m in items:
+        if not is_peer(m.strip().lower()):
+            modes.append(m)
+            continue
+        name = m.strip().lower()
+        for p in PEERS if name == "hf:all" else [name]:
+            _spec(p)
+            if p not in peers:
+                peers.append(p)
+    return (modes or ["fp16"]), peers
+
+
 def _spec(peer: str) -> PeerSpec:
     if peer not in PEERS:
         raise KvbenchError(f"unknown peer '{peer}' (peers: {', '.join(PEERS)})")
@@ -102,47 +119,46 @@ def _probe(module: str) -> bool:
     return True
 
 
-def _quanto_ok() -> bool:
-    from transformers.utils import is_optimum_quanto_available
-
-    if not (is_optimum_quanto_available() and _probe("optimum.quanto")):
+@functools.cache
+def _backend_ok(backend: str, nbits: int | None) -> bool:
+    """Whether this transformers can build `QuantizedCache(backend, nbits)`: its own
+    checks (package installed, version, nbits, a known backend) run on a 1-layer config."""
+    if backend == "quanto" and not _probe("optimum.quanto"):
         return False
-    from transformers.utils import is_quanto_greater
+    if backend == "hqq":
+        import transformers.cache_utils as cu
 
-    return bool(is_quanto_greater("0.2.5", accept_dev=True))
+        # transformers binds hqq's Quantizer when cache_utils is first imported
+        if not (_probe("hqq.core.quantize") and hasattr(cu, "HQQQuantizer")):
+            return False
+    from transformers import LlamaConfig
+    from transformers.cache_utils import QuantizedCache
 
-
-def _hqq_ok() -> bool:
-    from transformers.utils import is_hqq_available
-
-    if not (is_hqq_available() and _probe("hqq.core.quantize")):
+    cfg = LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1)
+    try:
+        QuantizedCache(backend=backend, config=cfg, **({} if nbits is None else {"nbits": nbits}))
+    except Exception:
         return False
-    import transformers.cache_utils as cu
-
-    return hasattr(cu, "HQQQuantizer")  # bound when cache_utils was imported
-
-
-def _fp8_ok() -> bool:
-    import transformers.cache_utils as cu
-
-    return "fp8" in inspect.getsource(cu.QuantizedCache.__init__)
+    return True
 
 
 def _missing(peer: str) -> str | None:
     """None if `peer` can run here, else what it needs (one line)."""
     spec = _spec(peer)
-    if spec.backend == "quanto" and not _quanto_ok():
+    if spec.backend is None or _backend_ok(spec.backend, spec.nbits):
+        return None
+    if spec.backend == "quanto":
         return f"optimum-quanto>=0.2.5: {INSTALL}"
-    if spec.backend == "hqq" and not _hqq_ok():
+    if spec.backend == "hqq":
         return f"hqq: {INSTALL}"
-    if spec.backend == "fp8" and not _fp8_ok():
+    if spec.backend == "fp8":
         import transformers
 
         return (
             f"a transformers whose QuantizedCache has an 'fp8' backend (installed {transformers.__version__} "
             "has not): pip install -U transformers"
         )
-    return None
+    return f"a QuantizedCache backend '{spec.backend}' that this transformers lacks"
 
 
 def available_peers() -> dict[str, str | None]:
@@ -160,7 +176,10 @@ def available_peers() -> dict[str, str | None]:
 def check_peer(peer: str) -> PeerSpec:
     """The peer's spec, or a one-line KvbenchError saying what it needs."""
     spec = _spec(peer)
-    need = _missing(peer)
+    try:
+        need = _missing(peer)
+    except Exception as exc:
+        need = f"a working backend ({type(exc).__name__} while checking it)"
     if need:
         raise KvbenchError(f"{peer} needs {need}")
     return spec
@@ -282,7 +301,9 @@ def fit_peer_context(hf_model, lm, context: int, yarn: str = "auto") -> str:
         note = fit_context(lm, context, yarn)
     finally:
         del lm.model.set_rope
-    _set_rope(hf_model, chosen[-1] if chosen else lm.args.hf_config, hf_model.device)
+    if not chosen:  # fit_context sets RoPE through set_rope; anything else would go unseen here
+        raise KvbenchError("fit_peer_context: fit_context did not set a RoPE config to copy")
+    _set_rope(hf_model, chosen[-1], hf_model.device)
     return note
 
 

@@ -12,6 +12,7 @@ Everything written is a function of the CSVs except the one "rendered on" line.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import math
 import os
 import re
@@ -263,10 +264,67 @@ def cli_flag(label: str) -> str:
     return f"--modes {base_mode(label)}" + (" --no-fallback" if label.endswith(NO_FALLBACK) else "")
 
 
+# ---------------------------------------------------------------------------
+# Peers: transformers' own caches (`hf:*` rows, kvbench.peers)
+
+PEER_PREFIX = "hf:"
+# Bits per stored K/V element of kvbench's modes (turbo4 run as turbo4-asym is still 4).
+MODE_BITS = {"fp16": 16, "int8": 8, "turbo4-asym": 4, "turbo3-asym": 3, "turbo4": 4, "turbo4-delegated": 4}
+
+
+def is_peer(label: str) -> bool:
+    return _s(label).lower().startswith(PEER_PREFIX)
+
+
+@functools.cache
+def peer_widths() -> dict[str, int | None]:
+    """{peer: bits per stored K/V element}, in `kvbench.peers.PEERS` order.
+
+    Imported only when a report has peer rows (kvbench.peers imports torch); empty if it
+    cannot be imported, when `_peer_bits` reads the width from the name.
+    """
+    try:
+        from kvbench.peers import PEERS
+    except Exception:
+        return {}
+    out: dict[str, int | None] = {}
+    for name, spec in PEERS.items():
+        if spec.nbits is not None:
+            out[name] = spec.nbits
+        elif spec.backend == "fp8":
+            out[name] = 8
+        elif spec.cache in ("dynamic", "static"):
+            out[name] = 16  # the compute dtype (bf16/fp16)
+        else:
+            out[name] = None
+    return out
+
+
+def _peer_bits(name: str) -> int | None:
+    widths = peer_widths()
+    if name in widths:
+        return widths[name]
+    m = re.search(r"(?:int|fp)(\d+)$", name)
+    if m:
+        return int(m[1])
+    return 16 if name in ("hf:dynamic", "hf:static") else None
+
+
+def mode_bits(label: str) -> int | None:
+    """Bits per stored K/V element of a row label (a kvbench mode or a peer); None if unknown."""
+    base = base_mode(label)
+    return _peer_bits(base) if is_peer(base) else MODE_BITS.get(base)
+
+
 def mode_key(mode: str):
+    """kvbench's modes in MODE_ORDER, then other kvbench modes, then peers in PEERS order."""
     base = base_mode(mode)
     if base in MODE_ORDER:
         return (MODE_ORDER.index(base), "" if base == mode else mode)
+    if is_peer(base):
+        order = list(peer_widths())
+        i = order.index(base) if base in order else len(order)
+        return (len(MODE_ORDER) + 1 + i, "" if base in order else mode)
     return (len(MODE_ORDER), mode)
 
 
@@ -943,7 +1001,11 @@ def _summary_sentences(g: Group) -> list[str]:
         for m in g.modes:
             kb = g.kv_per_token(m, ctx)
             if m != "fp16" and _isnum(kb) and _isnum(fp_bytes) and kb > 0:
-                saving.append(f"{m} {fmt_bytes(kb)} ({fp_bytes / kb:.2f}x less)")
+                if kb < fp_bytes:
+                    vs = f"{fp_bytes / kb:.2f}x less"
+                else:  # a 16-bit peer (hf:static preallocates its whole buffer)
+                    vs = "same as fp16" if kb == fp_bytes else f"{kb / fp_bytes:.2f}x more"
+                saving.append(f"{m} {fmt_bytes(kb)} ({vs})")
         if saving:
             sent += f". KV bytes per token: fp16 {fmt_bytes(fp_bytes)}, {', '.join(saving)}"
         s.append(sent + ".")
@@ -951,6 +1013,9 @@ def _summary_sentences(g: Group) -> list[str]:
         s.append("No benchmark rows: decode speed and memory were not measured.")
     else:
         s.append("No benchmark cell completed (see the benchmark table for statuses).")
+    peer_line = _peer_comparison(g)
+    if peer_line:
+        s.append(peer_line)
     return s
 
 
@@ -1511,6 +1576,314 @@ def _capacity_table(g: Group) -> str:
 
 
 # ---------------------------------------------------------------------------
+# Peers: transformers' own caches beside kvbench's modes
+
+PEERS_INTRO = (
+    "Peers are Hugging Face transformers' own KV caches (`hf:*` rows, run with `--modes hf:...`). Each runs "
+    "transformers' own decode loop (greedy: the model's forward with the cache object) on a transformers model "
+    "holding the same weights as kvbench's engine, on the same prompt. Their output is judged against kvbench's "
+    "`fp16` like any mode (greedy check) and their decode speed is measured like any mode, so a speed ratio "
+    "compares whole decode loops (model code, attention and cache together), not cache kernels alone. "
+    "Rows pair each kvbench mode with the peers storing K/V at the same bit width, at each context and batch the "
+    "peers ran. **Best peer**: the fastest peer of that width that ran (status ok) in the benchmark at that "
+    "context and batch. **kvbench / peer**: the kvbench mode's decode tok/s over the best peer's (above 1: "
+    "kvbench is faster). Quality cells: verdict · top-1 agreement · KL vs fp16."
+)
+PEER_NOTE_MAX = 80
+
+
+def _peer_modes(g: Group) -> list[str]:
+    return [m for m in g.modes if is_peer(m)]
+
+
+def _shared_notes(g: Group) -> set[str]:
+    """Notes on kvbench fp16's completed rows: what every cell of the setup carries (RoPE, model notes)."""
+    notes: set[str] = set()
+    for df in (g.audit, g.bench_main):
+        if len(df):
+            ran = (df["kv_cache_mode"] == "fp16") & df["status"].isin([*RAN_STATUSES, ""])
+            for text in df.loc[ran, "notes"]:
+                notes.update(note_parts(text))
+    return notes
+
+
+def _own_note(row: dict, shared: set[str]) -> str:
+    """A row's own notes (an error message), without the setup's shared and generic ones."""
+    parts = note_parts(row.get("notes"))
+    return "; ".join(p for p in parts if p not in shared and not _GENERIC_NOTES.match(p) and not _YARN_NOTE.match(p))
+
+
+def _missing(row: dict, shared: set[str]) -> str:
+    """ "— (status: note)" for a row without a number."""
+    note = _own_note(row, shared)
+    status = row.get("status") or "no data"
+    return f"— ({status}: {_clip(note, PEER_NOTE_MAX)})" if note else f"— ({status})"
+
+
+def _peer_bench(g: Group, mode: str, ctx, batch) -> tuple[float, dict | None]:
+    """(decode tok/s, the row) of `mode`'s fastest completed benchmark row at (ctx, batch); the
+    failed row (tok/s NaN) where none completed; (NaN, None) where there is no row."""
+    b = g.bench
+    if batch is None or b.empty:
+        return float("nan"), None
+    rows = b[(b["kv_cache_mode"] == mode) & (b["context_tokens"] == ctx) & (b["batch"] == batch)]
+    if rows.empty:
+        return float("nan"), None
+    ok = rows[rows["status"].isin(["ok", "fallback", ""]) & rows["decode_tok_s"].notna()]
+    if len(ok):
+        r = ok.sort_values("decode_tok_s", kind="stable").iloc[-1].to_dict()
+        return float(r["decode_tok_s"]), r
+    return float("nan"), rows.iloc[-1].to_dict()
+
+
+def _peer_tok_cell(g: Group, mode: str, ctx, batch, shared: set[str]) -> tuple[float, str]:
+    tok, row = _peer_bench(g, mode, ctx, batch)
+    if _isnum(tok):
+        return tok, fmt_tok(tok)
+    return tok, _missing(row, shared) if row is not None else "— (not benchmarked)"
+
+
+def _greedy_row(g: Group, mode: str, ctx) -> dict | None:
+    rows = g.greedy[(g.greedy["kv_cache_mode"] == mode) & (g.greedy["context_tokens"] == ctx)] if len(g.greedy) else []
+    return rows.iloc[-1].to_dict() if len(rows) else None
+
+
+def _quality_cell(g: Group, mode: str, ctx, shared: set[str]) -> str:
+    q = g.quality.get((mode, ctx))
+    if q is None:
+        return "— (not audited)"
+    if q.kind in FAIL_STATUSES:
+        row = _greedy_row(g, mode, ctx)
+        return _missing(row, shared) if row is not None else f"— ({q.kind})"
+    if q.kind == "reference":
+        return "reference"
+    bits = [q.short]
+    if _isnum(q.top1):
+        bits.append(fmt_pct(q.top1))
+    if _isnum(q.kl):
+        bits.append(f"KL {fmt_kl(q.kl)}")
+    return " · ".join(bits)
+
+
+def _peer_failure(g: Group, peer: str, ctx, batch) -> str:
+    """The status of `peer`'s failed cell at (ctx, batch) (its audit at ctx where it has no
+    benchmark row there); "" if it did not fail."""
+    tok, row = _peer_bench(g, peer, ctx, batch)
+    if row is not None:
+        return "" if _isnum(tok) else (row["status"] or "no data")
+    q = g.quality.get((peer, ctx))
+    return f"{q.kind} in the audit" if q is not None and q.kind in FAIL_STATUSES else ""
+
+
+def _pick_peer(g: Group, peers: list[str], ctx, batch) -> tuple[str | None, str]:
+    """The best peer of `peers` at (ctx, batch) and the cell text naming it (or saying why none)."""
+    ran = [(tok, p) for p in peers for tok in [_peer_bench(g, p, ctx, batch)[0]] if _isnum(tok)]
+    failed = [f"`{p}` {f}" for p in peers for f in [_peer_failure(g, p, ctx, batch)] if f]
+    if ran:
+        best = max(ran, key=lambda t: t[0])[1]
+        why = ([f"fastest of {len(ran)}"] if len(ran) > 1 else []) + failed
+        return best, f"`{best}`" + (f" ({'; '.join(why)})" if why else "")
+    # No peer of this width ran in the benchmark here: the one whose output is closest to fp16's.
+    audited = [
+        (p, q) for p in peers for q in [g.quality.get((p, ctx))] if q is not None and q.kind not in FAIL_STATUSES
+    ]
+    if audited:
+        best = min(
+            audited,
+            key=lambda t: (
+                t[1].kind not in GOOD_KINDS,
+                -t[1].top1 if _isnum(t[1].top1) else 0.0,
+                t[1].kl if _isnum(t[1].kl) else math.inf,
+            ),
+        )[0]
+        why = "not benchmarked here" + ("; closest output to fp16" if len(audited) > 1 else "")
+        return best, f"`{best}` ({'; '.join([why, *failed])})"
+    if failed:
+        return None, f"— ({'; '.join(failed)})"
+    return None, "— (not run here)"
+
+
+def _peer_keys(g: Group, peers: list[str]) -> list[tuple]:
+    """(context, batch) of the table's rows: where peers were benchmarked, and the contexts where
+    they were only audited (at the reference batch where kvbench has benchmark rows there, else batch None)."""
+    keys = set()
+    b = g.bench
+    if len(b):
+        for r in b[b["kv_cache_mode"].isin(peers)].to_dict("records"):
+            if _isnum(r["context_tokens"]) and _isnum(r["batch"]):
+                keys.add((r["context_tokens"], r["batch"]))
+    benched = {c for c, _ in keys}
+    audited = g.greedy[g.greedy["kv_cache_mode"].isin(peers)]["context_tokens"] if len(g.greedy) else []
+    for ctx in sorted({c for c in audited if _isnum(c) and c not in benched}):
+        at_ref = len(b) and bool(((b["context_tokens"] == ctx) & (b["batch"] == g.ref_batch)).any())
+        keys.add((ctx, g.ref_batch if at_ref else None))
+    return sorted(keys, key=lambda k: (k[0], k[1] if k[1] is not None else -1.0))
+
+
+def _peer_table(g: Group) -> str:
+    peers = _peer_modes(g)
+    shared = _shared_notes(g)
+    all_keys = _peer_keys(g, peers)
+    widths = sorted({w for m in g.modes for w in [mode_bits(m)] if w is not None}, reverse=True)
+    rows = []
+    for w in widths:
+        kv_modes = [m for m in g.modes if not is_peer(m) and mode_bits(m) == w] or [None]
+        peers_w = [p for p in peers if mode_bits(p) == w]
+        # Rows where this width's peers ran (where any peer ran, for a width without one).
+        keys = _peer_keys(g, peers_w) if peers_w else all_keys
+        if not peers_w:
+            known = [p for p, bits in peer_widths().items() if bits == w]
+            no_peer = (
+                f"— (no {w}-bit peer in these results; {join_list([f'`{p}`' for p in known])} not run)"
+                if known
+                else f"— (transformers has no {w}-bit cache)"
+            )
+        for m in kv_modes:
+            if m is None:
+                label = f"— (no {w}-bit kvbench mode)"
+            else:
+                eff = _unique(e for e in g.rows_for(m)["effective_mode"] if fell_back(m, e))
+                label = f"`{m}`" + (f" (as {'/'.join(eff)})" if eff else "")
+            for ctx, batch in keys or [(float("nan"), None)]:
+                if m is None:
+                    kv_tok, kv_tok_text, kv_q = float("nan"), "—", "—"
+                else:
+                    kv_tok, kv_tok_text = _peer_tok_cell(g, m, ctx, batch, shared)
+                    kv_q = _quality_cell(g, m, ctx, shared)
+                if peers_w:
+                    best, peer_cell = _pick_peer(g, peers_w, ctx, batch)
+                else:
+                    best, peer_cell = None, no_peer
+                peer_tok, peer_tok_text = (
+                    (float("nan"), "—") if best is None else _peer_tok_cell(g, best, ctx, batch, shared)
+                )
+                peer_q = "—" if best is None else _quality_cell(g, best, ctx, shared)
+                ratio = kv_tok / peer_tok if _isnum(kv_tok) and _isnum(peer_tok) and peer_tok > 0 else float("nan")
+                rows.append(
+                    [
+                        str(w),
+                        ctx_label(ctx) if _isnum(ctx) else "—",
+                        fmt_int(batch) if batch is not None else "—",
+                        label,
+                        kv_tok_text,
+                        kv_q,
+                        peer_cell,
+                        peer_tok_text,
+                        peer_q,
+                        fmt_ratio(ratio),
+                    ]
+                )
+    headers = [
+        "Bits",
+        "Context",
+        "Batch",
+        "kvbench mode",
+        "kvbench tok/s",
+        "kvbench quality",
+        "Best peer",
+        "Peer tok/s",
+        "Peer quality",
+        "kvbench / peer",
+    ]
+    return md_table(headers, rows, "rrrlrllrlr")
+
+
+def _failed_peer_lines(g: Group) -> list[str]:
+    """One line per peer and (status, message) of its cells that did not run."""
+    shared = _shared_notes(g)
+    lines = []
+    for p in _peer_modes(g):
+        recs = [(0, r) for r in g.greedy[g.greedy["kv_cache_mode"] == p].to_dict("records")] if len(g.greedy) else []
+        if len(g.bench):
+            recs += [(1, r) for r in g.bench[g.bench["kv_cache_mode"] == p].to_dict("records")]
+        recs.sort(key=lambda t: (t[0], *(x if _isnum(x) else -1.0 for x in (t[1]["context_tokens"], t[1]["batch"]))))
+        failures: dict[tuple[str, str], list[str]] = {}
+        for kind, r in recs:
+            if r["status"] not in FAIL_STATUSES:
+                continue
+            where = (
+                f"audit {ctx_label(r['context_tokens'])}"
+                if kind == 0
+                else f"benchmark {_row_where({**r, '_kind': 'bench'})}"
+            )
+            failures.setdefault((r["status"], _own_note(r, shared)), []).append(where)
+        for (status, note), where in failures.items():
+            lines.append(
+                f"- `{p}`: {status} ({', '.join(where)}): {_clip(note, 300) if note else 'no message recorded'}"
+            )
+    return lines
+
+
+def section_peers(groups: list[Group]) -> str:
+    """Kvbench's modes beside transformers' own caches at the same bit width (only with peer rows)."""
+    with_peers = [g for g in groups if _peer_modes(g)]
+    if not with_peers:
+        return ""
+    out = ["## Peers: transformers' own caches", "", PEERS_INTRO, ""]
+    for g in with_peers:
+        if g.multi:
+            out.append(g.heading())
+        line = _peer_comparison(g)
+        if line:
+            out += [line, ""]
+        out += [_peer_table(g), ""]
+        failed = _failed_peer_lines(g)
+        if failed:
+            out += ["Peers that could not run (cells with status error, oom or skipped):", "", *failed, ""]
+    return "\n".join(out).rstrip()
+
+
+def _peer_comparison(g: Group) -> str:
+    """One sentence: the fastest kvbench mode keeping fp16 quality beside the fastest peer of its
+    bit width, at the longest context (reference batch first) where both completed; "" if none."""
+    bok = g.bench_ok()
+    if bok.empty:
+        return ""
+    batches = sorted({x for x in bok["batch"] if _isnum(x)}, key=lambda x: (x != g.ref_batch, x))
+    for batch in batches:
+        at_b = bok[bok["batch"] == batch]
+        for ctx in sorted({x for x in at_b["context_tokens"] if _isnum(x)}, reverse=True):
+            at = at_b[at_b["context_tokens"] == ctx]
+            best_tok: dict[str, float] = {}
+            for r in at.to_dict("records"):
+                m = r["kv_cache_mode"]
+                if fell_back(m, r["effective_mode"]) or mode_bits(m) is None:
+                    continue
+                best_tok[m] = max(best_tok.get(m, -math.inf), r["decode_tok_s"])
+            kv = [(tok, m) for m, tok in best_tok.items() if not is_peer(m) and g.quality_ok(m, ctx)[0] is not False]
+            for tok, m in sorted(kv, key=lambda t: (-t[0], mode_key(t[1]))):
+                peers = [(t, p) for p, t in best_tok.items() if is_peer(p) and mode_bits(p) == mode_bits(m)]
+                if not peers:
+                    continue
+                ptok, p = max(peers, key=lambda t: t[0])
+                ratio = tok / ptok if ptok > 0 else float("nan")
+                if not _isnum(ratio):
+                    continue
+                speed = f"{fmt_ratio(ratio)} faster than" if ratio >= 1 else f"at {fmt_ratio(ratio)} the speed of"
+                text = (
+                    f"Against transformers' own caches: `{m}` decodes {speed} `{p}`, the fastest "
+                    f"{mode_bits(m)}-bit peer, at {ctx_label(ctx)} (batch {fmt_int(batch)})"
+                )
+                return text + _pair_quality(g, m, p, ctx) + "."
+    return ""
+
+
+def _pair_quality(g: Group, m: str, p: str, ctx) -> str:
+    qm, qp = g.quality.get((m, ctx)), g.quality.get((p, ctx))
+    same = ("reference", "identical")
+    if qm is not None and qp is not None and qm.kind in same and qp.kind in same:
+        return ", with identical output" if m == "fp16" else ", both with output identical to fp16's"
+    bits = []
+    for mode, q in ((m, qm), (p, qp)):
+        if q is None:
+            bits.append(f"`{mode}` not audited at {ctx_label(ctx)}")
+        else:
+            metrics = quality_metrics(q) if q.kind != "reference" else ""
+            bits.append(f"`{mode}` {q.text}" + (f" ({metrics})" if metrics else ""))
+    return "; output vs fp16: " + ", ".join(bits)
+
+
+# ---------------------------------------------------------------------------
 # Plots
 
 
@@ -1529,10 +1902,15 @@ def _figure(width: float, height: float):
 def _mode_colors(modes: list[str]) -> dict[str, tuple]:
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10"]
+    cmap, peer_cmap = colormaps["tab10"], colormaps["Dark2"]
     colors = {}
+    ordered = order_modes(modes)
+    peers = [m for m in ordered if is_peer(m)]
     for m in modes:
-        i = MODE_ORDER.index(m) if m in MODE_ORDER else len(MODE_ORDER) + order_modes(modes).index(m)
+        if is_peer(m):  # transformers' caches: a palette of their own
+            colors[m] = peer_cmap(peers.index(m) % 8)
+            continue
+        i = MODE_ORDER.index(m) if m in MODE_ORDER else len(MODE_ORDER) + ordered.index(m)
         colors[m] = cmap(i % 10)
     return colors
 
@@ -1587,14 +1965,15 @@ def _line_plot(g: Group, value: str, ylabel: str, title: str, path: Path, errors
                         x,
                         y,
                         yerr=[np.clip(lo, 0, None), np.clip(hi, 0, None)],
-                        marker="o",
+                        marker="s" if is_peer(m) else "o",
                         linestyle=style,
                         color=colors[m],
                         capsize=3,
                         label=label,
                     )
                 else:
-                    (h,) = ax.plot(x, y, marker="o", linestyle=style, color=colors[m], label=label)
+                    marker = "s" if is_peer(m) else "o"
+                    (h,) = ax.plot(x, y, marker=marker, linestyle=style, color=colors[m], label=label)
                 handles.setdefault(label, h)
         fails = failed[failed["batch"] == batch] if _isnum(batch) else failed
         for r in fails.to_dict("records"):
@@ -1827,7 +2206,7 @@ def _recommend(g: Group) -> list[str]:
             if caveat:
                 text += f" [{caveat}]"
             if m == "fp16":
-                quant = [t for t in cands if t[1]["kv_cache_mode"] != "fp16"]
+                quant = [t for t in cands if mode_bits(t[1]["kv_cache_mode"]) != 16]
                 if quant:
                     qt = quant[-1][1]
                     text += f" (best quantized: `{qt['kv_cache_mode']}` at {fmt_ratio(qt['_ratio'])})"
@@ -1851,7 +2230,7 @@ def _recommend(g: Group) -> list[str]:
             continue
         ok, caveat = g.quality_ok(m, ref_ctx)
         kb = g.kv_per_token(m, ref_ctx)
-        if ok and _isnum(kb):
+        if ok and _isnum(kb) and not (_isnum(fp_bytes) and kb >= fp_bytes):  # e.g. hf:dynamic, hf:static
             mem.append((kb, m, caveat))
     if mem:
         kb, m, caveat = sorted(mem, key=lambda t: (t[0], mode_key(t[1])))[0]
@@ -1902,6 +2281,9 @@ def _recommend(g: Group) -> list[str]:
             fb.append(f"`{m}` ran as `{'/'.join(eff)}`")
     if fb:
         lines.append("Fallback: " + "; ".join(fb) + " on this model; its rows measure the mode that actually ran.")
+    peer_line = _peer_comparison(g)
+    if peer_line:
+        lines.append(peer_line[:-1] + " (see Peers).")
     if pick is not None:
         ctx, best = pick
         m = best["kv_cache_mode"]
@@ -1976,6 +2358,7 @@ def render_report(results_dirs: list[Path], out_dir: Path | None = None) -> Path
         section_checks(groups),
         section_statuses(data),
         section_bench(groups),
+        section_peers(groups),
         section_plots(groups, plots),
         section_recommendation(groups),
         section_links(data, out),

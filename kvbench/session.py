@@ -32,7 +32,9 @@ class Session:
     out_dir: Path
     base_row: dict
     notes: list[str] = field(default_factory=list)
+    peers: list[str] = field(default_factory=list)  # transformers' own caches, run beside the modes
     started: float = field(default_factory=time.time)
+    _hf: object = None
 
     # -------------------------------------------------------------- construction
     @classmethod
@@ -40,7 +42,10 @@ class Session:
         for plugin in cfg.plugin:
             added = registry.load_plugin(plugin)
             log(f"plugin {plugin}: registered {', '.join(added) or 'no new modes'}")
-        modes = registry.parse_modes(cfg.modes)
+        from kvbench.peers import split_modes
+
+        kv_modes, peers = split_modes(cfg.modes)
+        modes = registry.parse_modes(kv_modes)
         if "fp16" in modes:
             modes.remove("fp16")
         modes = ["fp16", *modes]  # the reference always runs, first
@@ -68,6 +73,7 @@ class Session:
             out_dir=Path(cfg.out) if cfg.out else results.default_out_dir(device),
             base_row={},
             notes=notes,
+            peers=peers,
         )
         self.base_row = {
             **results.provenance(device, lm.model_id, lm.weights_hash),
@@ -132,10 +138,22 @@ class Session:
         fused = self.fused(caches) if fused is None else fused
         return make_stepper(self.lm.model, caches, cap, fused=fused, cuda_graphs=self.cfg.cuda_graphs)
 
+    def hf_model(self):
+        """transformers' own model with exactly the engine's weights (for peer rows)."""
+        if self._hf is None:
+            from kvbench.peers import hf_model_for
+
+            self._hf = hf_model_for(self.lm, self.device, self.dtype)
+        return self._hf
+
     def resolve(self, mode: str) -> registry.Resolution:
+        if mode.startswith("hf:"):
+            return registry.Resolution(mode, mode)
         return registry.resolve_for_model(mode, self.lm.model_type, no_fallback=self.cfg.no_fallback)
 
     def boundary_v(self, mode: str) -> int:
+        if mode.startswith("hf:"):
+            return 0
         cls = registry.get(mode)
         if not cls.boundary_v_applies:
             return 0

@@ -55,7 +55,9 @@ def test_fused_decode_matches_reference(tiny, mode, seed, monkeypatch):
     # fp32 model; the kernels run their tensor-core dots in fp16/tf32 like on the GPU
     tol = 1e-4 if mode == "fp16" else 2e-2
     torch.testing.assert_close(got, ref, rtol=0, atol=tol)
-    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    top2 = ref.topk(2, dim=-1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 2 * tol  # argmax must agree wherever it is not a tie
+    assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
 
 
 def test_fused_decode_with_kv_cap(tiny, seed):

@@ -621,3 +621,168 @@ def test_no_data_raises(tmp_path):
         render_report([tmp_path])
     with pytest.raises(KvbenchError):
         render_report([tmp_path / "missing"])
+
+
+# ---------------------------------------------------------------------------
+# Peers: transformers' own caches (kvbench.peers), rows with kv_cache_mode "hf:*"
+
+QUANTO_NOTE = "hf:quanto-int4 needs optimum-quanto>=0.2.5: pip install 'kvbench[peers]'"
+PEER_ORDER = ["hf:dynamic", "hf:static", "hf:quanto-int4", "hf:quanto-int2", "hf:hqq-int4", "hf:hqq-int8", "hf:fp8"]
+
+
+def _peer_greedy(mode, ctx, **kw):
+    return _greedy(mode, ctx, kernel="transformers", notes=f"transformers {mode} settings", **kw)
+
+
+def _peer_bench(mode, ctx, batch, tok=None, ratio=None, peak=None, **kw):
+    row = _bench(mode, ctx, batch, tok, ratio, peak, **kw)
+    row.update(kernel="transformers", cuda_graphs=False, kv_bytes_per_token=kw.get("kv_bytes_per_token"))
+    row.setdefault("notes", f"transformers {mode} settings")
+    return row
+
+
+def peer_audit_rows():
+    return [
+        _peer_greedy("hf:dynamic", 2048, top1_agreement=1.0, kl_div=0.0),
+        _peer_greedy("hf:static", 2048, top1_agreement=1.0, kl_div=0.0),
+        _peer_greedy("hf:hqq-int8", 2048, verdict="near-tie", near_tie=True, first_divergence=30,
+                     top1_agreement=0.98, kl_div=0.003),
+        _peer_greedy("hf:fp8", 2048, status="diverged", verdict="diverged", first_divergence=12,
+                     top1_agreement=0.9, kl_div=0.05),
+        {**_peer_greedy("hf:quanto-int4", 2048, status="error", verdict=""), "notes": QUANTO_NOTE},
+        _peer_greedy("hf:hqq-int4", 2048, status="diverged", verdict="diverged", first_divergence=5,
+                     top1_agreement=0.85, kl_div=0.12),
+        _peer_greedy("hf:quanto-int2", 2048, status="degenerate", verdict="degenerate", degenerate=True,
+                     top1_agreement=0.3, kl_div=3.1),
+    ]  # fmt: skip
+
+
+def peer_bench_rows():
+    return [
+        _peer_bench("hf:dynamic", 2048, 1, 95.0, 0.3607, 17.0, kv_bytes_per_token=131072),
+        _peer_bench("hf:static", 2048, 1, 131.7, 0.5, 17.5, kv_bytes_per_token=140000),
+        _peer_bench("hf:hqq-int8", 2048, 1, 125.0, 0.4746, 16.9),
+        _peer_bench("hf:fp8", 2048, 1, 100.0, 0.3797, 16.9),
+        {**_peer_bench("hf:quanto-int4", 2048, 1, status="error"), "notes": QUANTO_NOTE},
+        _peer_bench("hf:hqq-int4", 2048, 1, 80.0, 0.3037, 16.8),
+        _peer_bench("hf:quanto-int2", 2048, 1, 60.0, 0.2278, 16.7),
+        _peer_bench("hf:dynamic", 32768, 1, status="oom", notes="CUDA out of memory"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def peers(tmp_path_factory):
+    folder = write(tmp_path_factory.mktemp("peers"), audit_rows() + peer_audit_rows(), bench_rows() + peer_bench_rows())
+    return render_report([folder]).read_text()
+
+
+def _peer_table_rows(section: str) -> list[list[str]]:
+    rows = [ln for ln in section.splitlines() if re.match(r"\| \d+ \|", ln)]
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", ln)[1:-1]] for ln in rows]
+
+
+def test_no_peers_section_without_peers(full):
+    _folder, _path, text = full
+    assert "## Peers" not in text
+    assert "transformers' own caches" not in text
+
+
+def test_peers_section_rows_per_width(peers):
+    assert "## Peers: transformers' own caches" in peers
+    # after the benchmark, before the plots
+    assert peers.index("## Benchmark") < peers.index("## Peers") < peers.index("## Plots")
+    section = _section(peers, "## Peers: transformers' own caches")
+    assert "transformers' own decode loop" in section and "same weights" in section and "same prompt" in section
+    rows = _peer_table_rows(section)
+    by = {(r[0], r[1], r[2], r[3]): r for r in rows}
+    # widths in order 16, 8, 4, 3, 2
+    widths = [r[0] for r in rows]
+    assert widths == sorted(widths, key=lambda w: -int(w))
+    assert {r[0] for r in rows} == {"16", "8", "4", "3", "2"}
+    # 16-bit: fp16 vs the fastest of hf:dynamic / hf:static; at 32K hf:dynamic ran out of memory
+    r = by[("16", "2K", "1", "`fp16`")]
+    assert r[4] == "263.4" and r[5] == "reference"
+    assert r[6] == "`hf:static` (fastest of 2)"
+    assert r[7] == "131.7" and r[8] == "identical · 100.0% · KL 0"
+    assert r[9] == "2.00x"
+    r = by[("16", "32K", "1", "`fp16`")]
+    assert r[4] == "211.0" and r[5] == "— (not audited)"
+    assert r[6] == "— (`hf:dynamic` oom)" and r[7] == "—" and r[9] == "—"
+    # 8-bit: int8 vs hf:hqq-int8 (faster than hf:fp8)
+    r = by[("8", "2K", "1", "`int8`")]
+    assert r[6] == "`hf:hqq-int8` (fastest of 2)"
+    assert r[8] == "near-tie@30 · 98.0% · KL 0.003"
+    assert r[9] == "2.00x"  # 250.0 / 125.0
+    assert ("8", "32K", "1", "`int8`") not in by  # no 8-bit peer ran at 32K
+    # 4-bit: every 4-bit kvbench mode beside hf:hqq-int4 (hf:quanto-int4 errored)
+    four = [r for r in rows if r[0] == "4"]
+    assert [r[3] for r in four] == ["`turbo4-asym`", "`turbo4` (as turbo4-asym)", "`turbo4-delegated`"]
+    r = four[0]
+    assert r[4] == "240.0" and r[6] == "`hf:hqq-int4` (`hf:quanto-int4` error)"
+    assert r[8] == "diverged@5 · 85.0% · KL 0.12" and r[9] == "3.00x"
+    assert four[2][4] == "— (not benchmarked)" and four[2][9] == "—"
+    # 3-bit: no transformers cache; 2-bit: no kvbench mode
+    r = by[("3", "2K", "1", "`turbo3-asym`")]
+    assert r[6] == "— (transformers has no 3-bit cache)" and r[9] == "—"
+    r = by[("2", "2K", "1", "— (no 2-bit kvbench mode)")]
+    assert r[6] == "`hf:quanto-int2`" and r[7] == "60.0" and r[8].startswith("degenerate") and r[9] == "—"
+
+
+def test_peers_that_did_not_run_are_listed(peers):
+    section = _section(peers, "## Peers: transformers' own caches")
+    listed = section.split("Peers that could not run", 1)[1]
+    assert f"- `hf:quanto-int4`: error (audit 2K, benchmark 2K b=1): {QUANTO_NOTE}" in listed
+    assert "- `hf:dynamic`: oom (benchmark 32K b=1): CUDA out of memory" in listed
+    assert "hf:hqq-int4`:" not in listed
+
+
+def test_peers_in_matrix_benchmark_and_summary(peers):
+    rows = _matrix_rows(peers)
+    modes = [r.split("|")[1].strip().strip("`") for r in rows]
+    assert modes == ["fp16", "int8", "turbo4-asym", "turbo3-asym", "turbo4", "turbo4-delegated", *PEER_ORDER]
+    by_mode = dict(zip(modes, rows, strict=True))
+    assert "`--modes hf:quanto-int4`" in by_mode["hf:quanto-int4"]
+    assert "error at 2K" in by_mode["hf:quanto-int4"]
+    assert "2K: identical (top-1 100.0%, KL 0)" in by_mode["hf:static"]
+    bench = _section(peers, "## Benchmark")
+    assert "| 2K | 1 | `hf:static` | transformers | 131.7 (130.4–133.0) | 0.50x |" in bench
+    assert "| 32K | 1 | `hf:dynamic` | transformers | **oom** |" in bench
+    summary = _section(peers, "## Summary")
+    line = (
+        "Against transformers' own caches: `fp16` decodes 2.00x faster than `hf:static`, the fastest 16-bit peer, "
+        "at 2K (batch 1), with identical output."
+    )
+    assert line in summary
+    assert "hf:dynamic 128.0 KiB (same as fp16), hf:static 136.7 KiB (1.07x more)" in summary
+    rec = _section(peers, "## Recommendation")
+    assert "`fp16` decodes 2.00x faster than `hf:static`" in rec
+    assert "best quantized: `hf:" not in rec
+
+
+def test_peer_summary_quantized_mode(tmp_path):
+    audit = [
+        _greedy("fp16", 2048, verdict="reference", top1_agreement=1.0, kl_div=0.0),
+        _greedy("int8", 2048, top1_agreement=1.0, kl_div=0.0),
+        _peer_greedy("hf:hqq-int8", 2048, top1_agreement=1.0, kl_div=0.0),
+        _peer_greedy("hf:fp8", 2048, verdict="near-tie", near_tie=True, first_divergence=7, top1_agreement=0.97),
+    ]
+    bench = [
+        _bench("fp16", 2048, 1, 200.0, 1.0, 10.0),
+        _bench("int8", 2048, 1, 225.0, 1.125, 9.0),
+        _peer_bench("hf:hqq-int8", 2048, 1, 125.0, 0.625, 9.5),
+        _peer_bench("hf:fp8", 2048, 1, 150.0, 0.75, 9.5),
+    ]
+    text = render_report([write(tmp_path, audit, bench)]).read_text()
+    summary = _section(text, "## Summary")
+    assert (
+        "Against transformers' own caches: `int8` decodes 1.50x faster than `hf:fp8`, the fastest 8-bit peer, "
+        "at 2K (batch 1); output vs fp16: `int8` identical (top-1 100.0%, KL 0), `hf:fp8` near-tie at token 7 "
+        "(top-1 97.0%)."
+    ) in summary
+    section = _section(text, "## Peers: transformers' own caches")
+    rows = _peer_table_rows(section)
+    assert [(r[0], r[3], r[6], r[9]) for r in rows] == [
+        ("16", "`fp16`", "— (no 16-bit peer in these results; `hf:dynamic` and `hf:static` not run)", "—"),
+        ("8", "`int8`", "`hf:fp8` (fastest of 2)", "1.50x"),
+    ]
+    assert "Peers that could not run" not in section

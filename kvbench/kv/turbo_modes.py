@@ -110,6 +110,8 @@ class TurboCache(KVCache):
         live = self.live
         if not live:
             return sdpa(q, k, v, scale)
+        if q.shape[2] > 16:  # prefill chunks: dequantize once and use fused SDPA (same result)
+            return self.reference_attend(q, k, v, scale)
         hq, t = q.shape[1], q.shape[2]
         # [B, H_kv, group, T, D]: query head h reads kv head h // group.
         qf = q.float().unflatten(1, (self.n_kv_heads, hq // self.n_kv_heads))
