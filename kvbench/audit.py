@@ -66,6 +66,7 @@ class AuditJob:
             c.no_fallback, c.yarn, c.gen_tokens, c.near_tie_margin, c.question, c.prompt_file, c.max_kv_size, c.keep,
         )  # fmt: skip
         self._ref_tokens = None  # fp16's greedy tokens at the current context (peers are forced on them)
+        self._shared_prefill = None  # (prompt, per-layer fresh K/V, last logits) of a one-chunk prompt
         self.question = self.cfg.question or prompts.DEFAULT_QUESTION
         self._passage = self._read_prompt_file()
         if self.cfg.contexts is None and self._passage is not None:
@@ -238,12 +239,31 @@ class AuditJob:
     def _decode(self, mode: str, ids: torch.Tensor, gen: int, cap: KVCap | None, label: str, snapshot=False) -> Run:
         caches = self.s.caches(mode, capacity=ids.shape[1] + gen)
         self.p.step(f"{label}: prefill", ids.shape[1])
-        first = prefill(self.s.lm.model, ids, caches, self.cfg.prefill_chunk, cap, on_chunk=self.p.advance_to)
+        first = self._prefill(caches, ids, cap)
         snap = [c.clone() for c in caches] if snapshot else None
         self.p.step(f"{label}: decode", gen)
         step = self.s.stepper(caches, cap)
         toks, logits = greedy_decode(self.s.lm.model, first, caches, gen, cap, self.p.advance_to, step)
         return Run(toks[0].cpu(), logits[0].cpu(), caches, first, snap)
+
+    def _prefill(self, caches: list, ids: torch.Tensor, cap: KVCap | None) -> torch.Tensor:
+        """Prefill; a prompt that fits one chunk is computed once and its fresh K/V
+        written into every mode's cache (each mode's single-chunk prefill attends
+        only to those full-precision K/V, so the result is the same)."""
+        model, chunk = self.s.lm.model, self.cfg.prefill_chunk
+        one_chunk = chunk == 0 or ids.shape[1] <= chunk
+        if cap is not None or not one_chunk:
+            return prefill(model, ids, caches, chunk, cap, on_chunk=self.p.advance_to)
+        shared = self._shared_prefill
+        if shared is None or shared[0] is not ids:
+            record: list = []
+            with torch.inference_mode():
+                logits = forward_chunk(model, ids, self.s.caches("fp16", capacity=ids.shape[1]), record=record)
+            self._shared_prefill = shared = (ids, record, logits[:, -1])
+        for cache, (k, v) in zip(caches, shared[1]):
+            cache.append(k, v)
+        self.p.advance_to(ids.shape[1])
+        return shared[2].clone()
 
     def _degenerate(self, toks: list[int], text: str):
         if self.s.lm.tokenizer is None:

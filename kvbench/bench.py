@@ -277,8 +277,6 @@ class BenchJob:
             "bandwidth_gbs": round(self.bandwidth / GB, 1),
         }
         notes = [n for n in (rope_note, res.note) if n]
-        if res.note:
-            self.p.log(f"[yellow]{res.note}[/yellow]")
         try:
             row.update(self._measure(res.effective, ctx, batch, notes))
             row["status"] = "ok"

@@ -84,6 +84,10 @@ class Session:
             "kernel": kernel,
         }
         self._check_feasible()
+        for mode in modes:  # say once that a mode runs as another on this model
+            note = self.resolve(mode).note
+            if note:
+                log(f"[yellow]{note}[/yellow]")
         return self
 
     def total_positions(self, context: int) -> int:

@@ -58,3 +58,26 @@ def test_cache_roundtrip_and_bytes(seed):
     # 128 int8 + 4-byte scale per token-head, for K and V, 2 heads
     assert c.bytes_per_token() == 2 * 2 * (128 + 4)
     assert c.nbytes() == 10 * 2 * 2 * (128 + 4)
+
+
+def test_growth_trim_and_decode_track_fp16(seed):
+    """Prefill across a storage-growth boundary, trim with sinks, then decode
+    appends: int8 stays within one quantization step of fp16 holding the same tokens."""
+    from kvbench.kv.fp16 import FP16Cache
+
+    kw = dict(batch=2, n_kv_heads=3, head_dim=64, dtype=torch.float32, device="cpu", grow_step=16)
+    q8, ref = Int8Cache(**kw), FP16Cache(**kw)
+    for t in (20, 15):  # 35 tokens: crosses the 16- and 32-token growth steps
+        k, v = torch.randn(2, 3, t, 64), torch.randn(2, 3, t, 64)
+        q8.append(k, v)
+        ref.append(k, v)
+    for c in (q8, ref):
+        c.trim_front(10, keep=4)
+    for _ in range(20):
+        k, v = torch.randn(2, 3, 1, 64) * 1e-3, torch.randn(2, 3, 1, 64) * 50
+        q8.append(k, v)
+        ref.append(k, v)
+    assert q8.live == ref.live == 45 and q8.offset == ref.offset == 55 and q8.capacity >= 45
+    for got, want in zip(q8.dequantized(), ref.dequantized()):
+        step = want.abs().amax(-1, keepdim=True) / 127
+        assert ((got - want).abs() <= step * (1 + 1e-5)).all()

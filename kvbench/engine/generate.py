@@ -86,28 +86,6 @@ def prefill(
 
 
 @torch.inference_mode()
-def shared_prefill(model, tokens: torch.Tensor, cache_sets: list[list], make_recorder):
-    """One prefill pass whose fresh K/V are written into several modes' caches.
-
-    Valid when the prompt is a single chunk: then every mode's prefill attends
-    only to the fresh (full-precision) K/V, so the logits are the same for all.
-    `make_recorder()` returns throwaway caches for the pass itself.
-    """
-    record: list = []
-    logits = model(
-        tokens,
-        _positions(cache_sets[0], tokens.shape[1], tokens.device),
-        make_recorder(),
-        last_only=True,
-        record=record,
-    )
-    for caches in cache_sets:
-        for cache, (k, v) in zip(caches, record, strict=True):
-            cache.append(k, v)
-    return logits[:, -1]
-
-
-@torch.inference_mode()
 def decode_one_token(model, token: torch.Tensor, caches: list, cap: KVCap | None = None) -> torch.Tensor:
     """token [B, 1] -> next-token logits [B, V]."""
     return forward_chunk(model, token, caches, cap)[:, -1]
