@@ -1033,6 +1033,9 @@ def section_audit(groups: list[Group]) -> str:
             out.append(g.heading())
         out.append(_status_matrix(g))
         out.append("")
+        long = _long_context_matrix(g)
+        if long:
+            out += [f"{'#' * (4 if g.multi else 3)} Long-context checks", "", long, ""]
     return "\n".join(out).rstrip()
 
 
@@ -1116,6 +1119,119 @@ def _status_matrix(g: Group) -> str:
         ["Mode", "CLI flag", "Runs", "Output quality vs fp16", "Decode vs fp16", "Peak memory", "Notes"], rows
     )
     return table
+
+
+# The audit's long-context checks, summarised per mode beside the status matrix.
+LONG_CHECKS = ("max_kv", "prefix_reuse", "niah")
+# A degenerate row's reason, as one word or two: "repeated 4-grams 85% (loop: ...)" -> "loop".
+_DEGENERATE_TAGS = (("repeated", "loop"), ("echo", "echo"), ("distinct", "low variety"))
+
+
+def _degenerate_tag(reason) -> str:
+    text = _s(reason)
+    for key, tag in _DEGENERATE_TAGS:
+        if key in text.lower():
+            return tag
+    return _clip(text, 24)
+
+
+def _short_verdict(rec: dict) -> str:
+    """A row's verdict for a compact cell: "identical", "near-tie@12", "**degenerate (loop)**", "oom"."""
+    q = assess(rec)
+    if q.kind == "degenerate":
+        tag = _degenerate_tag(rec.get("degenerate_reason"))
+        return "**degenerate" + (f" ({tag})" if tag else "") + "**"
+    if q.kind in ("ok", "unknown") and rec.get("degenerate") is False:
+        return "ok"
+    return q.short
+
+
+def _per_context(items: list[tuple[float, str]]) -> str:
+    """ "2K, 8K identical · 32K diverged@3": contexts in order, neighbours with the same text merged."""
+    runs: list[tuple[list[str], str]] = []
+    for ctx, text in sorted(items, key=lambda t: t[0] if _isnum(t[0]) else -1):
+        if runs and runs[-1][1] == text:
+            runs[-1][0].append(ctx_label(ctx))
+        else:
+            runs.append(([ctx_label(ctx)], text))
+    return " · ".join(f"{', '.join(ctxs)} {text}" for ctxs, text in runs)
+
+
+def _long_max_kv(rows: pd.DataFrame, n, k) -> str:
+    sel = rows["max_kv_size"].isna() if not _isnum(n) else rows["max_kv_size"] == n
+    sel &= rows["keep"].isna() if not _isnum(k) else rows["keep"] == k
+    items = []
+    for rec in rows[sel].to_dict("records"):
+        # fp16 under a cap is compared with fp16's full cache, so it is no reference here.
+        rec = {**rec, "kv_cache_mode": "" if rec["kv_cache_mode"] == "fp16" else rec["kv_cache_mode"]}
+        items.append((rec["context_tokens"], _short_verdict(rec)))
+    return _per_context(items)
+
+
+def _long_prefix(rows: pd.DataFrame) -> str:
+    items, cached = [], []
+    for r in rows.sort_values("context_tokens").to_dict("records"):
+        v, fd = _norm_verdict(r["verdict"]), r["first_divergence"]
+        if r["status"] in FAIL_STATUSES:
+            text = r["status"]
+        elif r["identical_to_fp16"] is True or v == "identical":
+            text = "identical"
+        elif r["identical_to_fp16"] is False or v.startswith("diverg"):
+            text = "diverged" + (f"@{int(fd)}" if _isnum(fd) else "")
+        else:
+            text = v or r["status"] or "—"
+        items.append((r["context_tokens"], text))
+        if _isnum(r["cached_tokens"]):
+            cached.append(fmt_int(r["cached_tokens"]))
+    return _per_context(items) + (f" ({'/'.join(cached)} cached)" if cached else "")
+
+
+def _long_niah(rows: pd.DataFrame) -> str:
+    # Every row is a trial, as in the needle section's table.
+    items = []
+    for ctx in sorted({x for x in rows["context_tokens"] if _isnum(x)}):
+        sub = rows[rows["context_tokens"] == ctx]
+        hits = sub["niah_hit"].dropna()
+        failed = _unique(st for st in sub.loc[sub["niah_hit"].isna(), "status"] if st in FAIL_STATUSES)
+        if len(hits):
+            text = f"{int((hits > 0).sum())}/{len(hits)}" + (f" (+{'/'.join(failed)})" if failed else "")
+        else:
+            text = "/".join(failed) or "—"
+        items.append((ctx, text))
+    return _per_context(items)
+
+
+def _long_context_matrix(g: Group) -> str:
+    """One row per audited mode: the bounded-cache, prefix-reuse and NIAH checks per context ('' if none ran)."""
+    a = g.audit
+    if a.empty or not a["check"].isin(LONG_CHECKS).any():
+        return ""
+    max_kv = _latest(a[a["check"] == "max_kv"], ["kv_cache_mode", "context_tokens", "max_kv_size", "keep"])
+    prefix = _latest(a[a["check"] == "prefix_reuse"], ["kv_cache_mode", "context_tokens"])
+    niah = a[a["check"] == "niah"]
+    caps = sorted(
+        {tuple(t) for t in max_kv[["max_kv_size", "keep"]].itertuples(index=False, name=None)},
+        key=lambda t: (t[0] if _isnum(t[0]) else -1, -(t[1] if _isnum(t[1]) else -1)),
+    )
+    headers = ["Mode", *[f"--max-kv-size {fmt_int(n)}, keep {fmt_int(k)}" for n, k in caps]]
+    headers += ["Prefix reuse"] if len(prefix) else []
+    headers += ["NIAH hits"] if len(niah) else []
+    audited = set(a["kv_cache_mode"])
+    table = []
+    for m in g.modes:
+        if m not in audited:
+            continue
+        cells = [_long_max_kv(max_kv[max_kv["kv_cache_mode"] == m], n, k) for n, k in caps]
+        if len(prefix):
+            cells.append(_long_prefix(prefix[prefix["kv_cache_mode"] == m]))
+        if len(niah):
+            cells.append(_long_niah(niah[niah["kv_cache_mode"] == m]))
+        table.append([f"`{m}`", *[c or "—" for c in cells]])
+    intro = (
+        "Per context: output with a bounded cache vs fp16 (`keep` sink tokens kept), generation from a "
+        "reused prefix vs a fresh prefill, and needles found / trials. The sections below have the detail."
+    )
+    return intro + "\n\n" + md_table(headers, table)
 
 
 def section_quality_matrix(groups: list[Group]) -> str:

@@ -242,7 +242,7 @@ def full(tmp_path_factory):
 
 
 def _matrix_rows(text: str) -> list[str]:
-    block = text.split("## Audit status matrix", 1)[1].split("\n## ", 1)[0]
+    block = text.split("## Audit status matrix", 1)[1].split("\n## ", 1)[0].split("Long-context checks", 1)[0]
     return [ln for ln in block.splitlines() if ln.startswith("| `")]
 
 
@@ -302,6 +302,78 @@ def test_quality_and_checks(full):
     assert "Δ is the relative change vs fp16" in text and "difference to fp16" not in text
     assert "| `turbo4-asym` | 75% | 2/2 | 1/2 |" in text
     assert "max 512, keep 0" in text
+
+
+def _long_context_rows():
+    """max_kv with keep 4 and keep 0, prefix reuse and NIAH at 2K and 8K, for three modes."""
+    rows = []
+    for mode in ("fp16", "int8", "turbo4-asym"):
+        rows.append(_greedy(mode, 2048, verdict="reference" if mode == "fp16" else "identical"))
+        for ctx in (2048, 8192):
+            near = {"check": "max_kv", "max_kv_size": 256, "keep": 4, "degenerate": False}
+            if mode == "int8" and ctx == 8192:
+                rows.append(_greedy(mode, ctx, verdict="near-tie", near_tie=True, first_divergence=12, **near))
+            else:
+                rows.append(_greedy(mode, ctx, **near))
+            rows.append(
+                _greedy(
+                    mode,
+                    ctx,
+                    check="max_kv",
+                    max_kv_size=256,
+                    keep=0,
+                    status="degenerate",
+                    verdict="degenerate",
+                    degenerate=True,
+                    degenerate_reason="repeated 4-grams 85% (loop: 'and and and ...')",
+                )
+            )
+            diverged = mode == "turbo4-asym" and ctx == 8192
+            rows.append(
+                _greedy(
+                    mode,
+                    ctx,
+                    check="prefix_reuse",
+                    status="diverged" if diverged else "ok",
+                    verdict="diverged" if diverged else "identical",
+                    first_divergence=5 if diverged else None,
+                    identical_to_fp16=None,
+                    cached_tokens=ctx - 24,
+                    notes=f"reused {ctx - 24} cached tokens; compared with a fresh prefill of the same {ctx} tokens",
+                )
+            )
+            for depth in (0.0, 0.25, 0.5, 0.75, 1.0):
+                hit = not (ctx == 8192 and depth == 0.0)
+                rows.append(
+                    _greedy(mode, ctx, verdict="", check="niah", niah_depth=depth, niah_hit=hit, identical_to_fp16=None)
+                )
+    return rows
+
+
+def test_long_context_matrix(tmp_path):
+    text = render_report([write(tmp_path, audit=_long_context_rows())]).read_text()
+    block = _section(text, "## Audit status matrix").split("### Long-context checks", 1)[1]
+    lines = [ln for ln in block.splitlines() if ln.startswith("|")]
+    assert lines[0] == ("| Mode | --max-kv-size 256, keep 4 | --max-kv-size 256, keep 0 | Prefix reuse | NIAH hits |")
+    rows = {ln.split("|")[1].strip().strip("`"): [c.strip() for c in ln.split("|")[2:-1]] for ln in lines[2:]}
+    assert list(rows) == ["fp16", "int8", "turbo4-asym"]  # one row per mode
+    assert rows["fp16"] == [
+        "2K, 8K identical",
+        "2K, 8K **degenerate (loop)**",
+        "2K, 8K identical (2024/8168 cached)",
+        "2K 5/5 · 8K 4/5",
+    ]
+    assert rows["int8"][0] == "2K identical · 8K near-tie@12"
+    assert rows["turbo4-asym"][2] == "2K identical · 8K diverged@5 (2024/8168 cached)"
+    # The matrix comes right after the status matrix; the per-check sections stay below as the detail.
+    assert text.index("### Long-context checks") < text.index("## Quality per context")
+    for heading in ("## Sliding window (--max-kv-size)", "## Prefix reuse", "## Needle in a haystack"):
+        assert heading in text, heading
+
+
+def test_no_long_context_matrix_without_its_checks(tmp_path):
+    text = render_report([write(tmp_path, audit=[_greedy("fp16", 2048, verdict="reference")])]).read_text()
+    assert "Long-context checks" not in text
 
 
 def test_statuses_explained(full):
