@@ -130,6 +130,10 @@ def now() -> str:
 
 @cache
 def git_commit() -> str:
+    """The checkout's commit (+"-dirty"); KVBENCH_GIT_COMMIT names it where the tree
+    travels without its .git (e.g. a copy on a remote GPU machine)."""
+    if os.environ.get("KVBENCH_GIT_COMMIT"):
+        return os.environ["KVBENCH_GIT_COMMIT"]
     here = Path(__file__).resolve().parent.parent
     try:
         out = subprocess.run(

@@ -7,7 +7,6 @@ import contextlib
 import gc
 import re
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -84,12 +83,6 @@ def available_bytes(device: torch.device) -> float:
         return float("inf")
 
 
-def total_bytes(device: torch.device) -> float:
-    if device.type == "cuda":
-        return float(torch.cuda.get_device_properties(device).total_memory)
-    return available_bytes(device)
-
-
 def release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -130,14 +123,6 @@ def is_oom(exc: BaseException) -> bool:
 def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}"[:300]
-
-
-@contextmanager
-def timer():
-    box = {}
-    t0 = time.perf_counter()
-    yield box
-    box["s"] = time.perf_counter() - t0
 
 
 # ---------------------------------------------------------------------- progress

@@ -3,6 +3,8 @@
 # default model travels to the GPU machine in two halves (../shared/gpu/stage-model.sh):
 #   phase 1 (carry .gpu/m0):           decode-bench on dummy:llama-3.1-8b, capacity search
 #   phase 2 (carry .gpu/m1, .gpu/whl): audit of the default model at 2K/8K/32K
+# The tree travels without .git: pass the commit, e.g.
+#   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh 1
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}
