@@ -3,6 +3,8 @@
 # default model travels to the GPU machine in two halves (../shared/gpu/stage-model.sh):
 #   phase 1 (carry .gpu/m0):           decode-bench on dummy:llama-3.1-8b, capacity search
 #   phase 2 (carry .gpu/m1, .gpu/whl): audit of the default model at 2K/8K/32K
+#   phase k (carry .gpu/whl with pytest's wheels: pip download -d .gpu/whl pytest):
+#            the kernel tests on compiled kernels (bf16 and full-size cases included)
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh 1
 set -uo pipefail
@@ -10,6 +12,13 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}
 M=/tmp/kvbench-model
 case "${1:-}" in
+k)
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+  mkdir -p $OUT
+  KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider \
+    tests/test_kernels.py 2>&1 | tee $OUT/gpu-kernel-tests.txt
+  ;;
 1)
   mkdir -p $M && cp .gpu/m0/* $M/
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv

@@ -1,7 +1,9 @@
 """Triton kernels against their PyTorch references (kvbench.kernels.reference).
 
 Runs on CPU under the Triton interpreter (TRITON_INTERPRET=1, set below before triton
-is imported); bf16 is skipped because the interpreter computes it wrongly. Every test
+is imported); bf16 is skipped because the interpreter computes it wrongly. On a GPU
+machine, `KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 pytest tests/test_kernels.py`
+runs the same tests on compiled kernels, plus bf16 and full-size cases. Every test
 draws a fresh seed (printed in failure messages). Caches hold poison (NaN scales and
 values, garbage codes) in slots >= L and outputs start as NaN, so a read past L or an
 unwritten element fails.
@@ -15,7 +17,9 @@ Tolerances, max |out - ref| / max |ref| (ref = dequantize in float32, then atten
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+DEVICE = os.environ.get("KVBENCH_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import functools
 import math
@@ -28,7 +32,16 @@ from kvbench.kernels import reference as ref
 from kvbench.kernels.decode_attention import DecodeWorkspace, choose_num_splits, decode_attention
 from kvbench.kernels.quantize import rotate, write_kv
 
-F16, F32 = torch.float16, torch.float32
+F16, F32, BF16 = torch.float16, torch.float32, torch.bfloat16
+GPU = DEVICE != "cpu"
+
+
+@pytest.fixture(autouse=True)
+def on_test_device():
+    """Every tensor a test makes lands on the test device."""
+    torch.set_default_device(DEVICE)
+    yield
+    torch.set_default_device(None)
 
 
 @pytest.fixture
@@ -42,8 +55,9 @@ def seed():
 def codec(bits: int, dim: int, side: str):
     """(signs, codebook, boundaries) for one turbo side; K and V get different signs."""
     base = 10 if side == "k" else 20
-    cb = ref.lloyd_max_codebook(bits, dim)
-    return (ref.random_signs(dim, base + 1), ref.random_signs(dim, base + 2)), cb, ref.codebook_boundaries(cb)
+    cb = ref.lloyd_max_codebook(bits, dim).to(DEVICE)
+    signs = (ref.random_signs(dim, base + 1, DEVICE), ref.random_signs(dim, base + 2, DEVICE))
+    return signs, cb, ref.codebook_boundaries(cb).to(DEVICE)
 
 
 def codec_kwargs(mode: str, dim: int) -> dict:
@@ -104,6 +118,8 @@ def tolerance(mode, dtype):
         return 1e-5
     if dtype == F32 and mode == "int8":
         return 5e-4
+    if dtype == BF16:  # bf16 eps is 7.8e-3: a few roundings of q, k, v and the output
+        return 2e-2
     return 4e-3
 
 
@@ -130,6 +146,12 @@ DECODE_CASES = [
     (2, 1, 4, 64, 300, 333, F16, None),
     (1, 1, 16, 32, 70, 128, F32, 16),  # more splits than blocks: most are empty
 ]
+if GPU:  # compiled kernels only: bf16, and the shapes of the audit's default model and of Llama-3.1-8B
+    DECODE_CASES += [
+        (1, 3, 3, 64, 32770, 32833, BF16, None),
+        (1, 8, 4, 128, 8191, 8256, BF16, None),
+        (4, 8, 4, 128, 2049, 2200, F16, None),
+    ]
 
 
 @pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}-cap{}-{}-s{}".format(*c))
@@ -143,12 +165,27 @@ def test_decode_attention(mode, case, seed):
 
 
 @pytest.mark.parametrize("cold", [0, 100, 300])
-@pytest.mark.parametrize("splits", [1, 6])
+@pytest.mark.parametrize("splits", [1, 2, 6])
 def test_delegated_hot_cold_split(cold, splits, seed):
-    """Cold codes for tokens < C, hot fp16 for tokens >= C: C = 0, L, and in between."""
+    """Cold codes for tokens < C, hot fp16 for tokens >= C: C = 0, L, and in between
+    (one split is raised to two: the last split always serves the hot window)."""
     out, expected = run_decode("turbo4-delegated", 1, 2, 4, 64, 300, 320, F16, splits, cold=cold)
+    assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
     err = max_rel(out, expected)
     assert err < 4e-3, f"seed {seed}: max rel error {err:.2e}"
+
+
+@pytest.mark.parametrize("hot", [1, 2, 64, 257])
+def test_delegated_decode_geometry(hot, seed):
+    """The audit's decode geometry: a long cold body whose end C falls inside a block and
+    a split, and a hot window of up to HOT_MAX + 1 tokens (the failing case on the H200
+    had C = 32768 with 88 splits of 384 tokens)."""
+    length = (32768 if GPU else 1900) + hot
+    dtype = BF16 if GPU else F16
+    out, expected = run_decode("turbo4-delegated", 1, 3, 3, 64, length, length + 70, dtype, None, cold=length - hot)
+    assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
+    err = max_rel(out, expected)
+    assert err < tolerance("turbo4-delegated", dtype), f"seed {seed}: max rel error {err:.2e}"
 
 
 @pytest.mark.parametrize("mode", ["fp16", "int8", "turbo4"])
@@ -253,8 +290,8 @@ def test_write_kv_matches_kv_turbo_module(seed):
     turbo = pytest.importorskip("kvbench.kv.turbo")
     dim = 128
     for bits in (4, 3):
-        rot = turbo.Rotation(dim, turbo.SEEDS["v"])
-        cb, bnd = turbo.codebook(bits, dim), turbo.boundaries(bits, dim)
+        rot = turbo.Rotation(dim, turbo.SEEDS["v"], DEVICE)
+        cb, bnd = turbo.codebook(bits, dim, DEVICE), turbo.boundaries(bits, dim, DEVICE)
         x = random_tokens(2, 4, 3, dim, F16)
         want_codes, want_scale = turbo.quantize(x, bits, rot)
         mode = "turbo4-asym" if bits == 4 else "turbo3-asym"

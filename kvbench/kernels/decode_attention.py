@@ -12,8 +12,11 @@ Two launches (three for turbo K, which first rotates the query):
    - int8 V: weights w = p * v_scale, split the same way, acc += w @ v_int8;
    - turbo K: scores = k_scale * <q_rot, c[codes]>; turbo V: acc += (p * v_scale) @ c[codes]
      in the rotated basis (codebook gather in registers, fp16 tensor-core dot);
-   - delegated V: cold turbo codes for tokens < C and hot fp16 for tokens >= C, in
-     two loops that keep two accumulators (rotated cold, plain hot).
+   - delegated V: cold turbo codes for tokens < C, shared by splits 0..S-2, and hot
+     fp16 for tokens >= C (at most ~257 in decode) in the last split, each into its
+     own accumulator plane (rotated cold, plain hot). No split holds both kinds:
+     on the H200 (triton 3.6) a program that ran a cold and then a hot loop gave
+     wrong outputs while the interpreter agreed with the reference.
 2. `_decode_reduce_kernel`: one program per (batch, query head) merges the splits
    and the fresh token (k_new, v_new used exactly), inverse-rotates a turbo V
    accumulator once, and writes the output.
@@ -204,9 +207,18 @@ def _decode_split_kernel(
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
     length = tl.load(LEN)
-    per_split = tl.cdiv(tl.cdiv(length, n_splits), BLOCK_N) * BLOCK_N
-    lo = split * per_split
-    hi = tl.minimum(lo + per_split, length)
+    if V_FMT == DELEGATED:
+        # splits 0..S-2 share the cold tokens [0, C), the last split takes the hot ones [C, L):
+        # no program runs both loops below (one of them is always empty)
+        cold = tl.load(COLD)
+        per_split = tl.cdiv(tl.cdiv(cold, n_splits - 1), BLOCK_N) * BLOCK_N
+        is_hot = split == n_splits - 1
+        lo = tl.where(is_hot, cold, split * per_split)
+        hi = tl.where(is_hot, length, tl.minimum(lo + per_split, cold))
+    else:
+        per_split = tl.cdiv(tl.cdiv(length, n_splits), BLOCK_N) * BLOCK_N
+        lo = split * per_split
+        hi = tl.minimum(lo + per_split, length)
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
@@ -230,7 +242,6 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_G, D], tl.float32)
     row0 = bh.to(tl.int64) * cap
     if V_FMT == DELEGATED:
-        cold = tl.load(COLD)
         acc_hot = tl.zeros([BLOCK_G, D], tl.float32)
         m_i, l_i, acc, acc_hot = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc, acc_hot, lo, tl.minimum(hi, cold), K, KS, V, VS, CBK, CBV,
@@ -391,7 +402,10 @@ class DecodeWorkspace:
         cfg = default_config(mode)
         block_n = block_n or cfg["block_n"]
         s = num_splits or choose_num_splits(b, n_kv_heads, capacity, block_n, q.device, cfg["programs_per_sm"])
-        return cls(b, hq, dim, s, q.device, two_planes=FORMATS[mode][1] == "delegated")
+        delegated = FORMATS[mode][1] == "delegated"
+        if delegated:  # the last split is the hot window's
+            s = max(s, 2)
+        return cls(b, hq, dim, s, q.device, two_planes=delegated)
 
 
 def _check_args(mode, q, k_new, v_new, out, buffers, ws):
@@ -405,6 +419,8 @@ def _check_args(mode, q, k_new, v_new, out, buffers, ws):
     planes = 2 if FORMATS[mode][1] == "delegated" else 1
     if ws.acc.shape[0] < planes or ws.acc.shape[1:] != (b, hq, ws.num_splits, dim):
         raise ValueError(f"workspace of shape {tuple(ws.acc.shape)} does not fit q {tuple(q.shape)} in mode {mode}")
+    if planes == 2 and ws.num_splits < 2:
+        raise ValueError("delegated mode needs at least 2 splits (cold tokens, then the hot window)")
 
 
 def decode_attention(
