@@ -17,9 +17,7 @@ Tolerances, max |out - ref| / max |ref| (ref = dequantize in float32, then atten
 
 import os
 
-DEVICE = os.environ.get("KVBENCH_TEST_DEVICE", "cpu")
-if DEVICE == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TRITON_INTERPRET", "1" if os.environ.get("KVBENCH_TEST_DEVICE", "cpu") == "cpu" else "0")
 
 import functools
 import math
@@ -33,6 +31,7 @@ from kvbench.kernels.decode_attention import DecodeWorkspace, choose_num_splits,
 from kvbench.kernels.quantize import rotate, write_kv
 
 F16, F32, BF16 = torch.float16, torch.float32, torch.bfloat16
+DEVICE = os.environ.get("KVBENCH_TEST_DEVICE", "cpu")
 GPU = DEVICE != "cpu"
 
 
