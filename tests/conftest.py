@@ -1,7 +1,6 @@
 import os
 
 # Triton kernels run on CPU tensors through the interpreter; this must be set
-# before any kernel is defined.
 # before any kernel is defined (KVBENCH_TEST_DEVICE=cuda: compiled kernels, see test_kernels.py).
 os.environ.setdefault("TRITON_INTERPRET", "1" if os.environ.get("KVBENCH_TEST_DEVICE", "cpu") == "cpu" else "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
