@@ -21,7 +21,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1" if os.environ.get("KVBENCH_TEST_DE
 
 import functools
 import math
-import random
 
 import pytest
 import torch
@@ -41,13 +40,6 @@ def on_test_device():
     torch.set_default_device(DEVICE)
     yield
     torch.set_default_device(None)
-
-
-@pytest.fixture
-def seed():
-    s = random.SystemRandom().randrange(2**31)
-    torch.manual_seed(s)
-    return s
 
 
 @functools.cache

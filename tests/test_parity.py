@@ -8,6 +8,7 @@ real default model is compared on a real prompt.
 
 import pytest
 import torch
+from tiny_hf import BASE
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from kvbench.engine.generate import greedy_decode, prefill, teacher_forced
@@ -15,17 +16,6 @@ from kvbench.engine.rope import with_yarn
 from kvbench.engine.weights import fit_context, load_model
 from kvbench.kv import build_caches
 
-BASE = dict(
-    vocab_size=300,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-)
 FAMILIES = {
     "llama": dict(model_type="llama", tie_word_embeddings=False),
     "llama-tied": dict(model_type="llama", tie_word_embeddings=True),

@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+from tiny_hf import BASE
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from kvbench import peers, quality
@@ -17,17 +18,6 @@ from kvbench.engine.weights import _read_safetensors, load_model
 from kvbench.errors import KvbenchError
 from kvbench.kv import build_caches
 
-BASE = dict(
-    vocab_size=300,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-)
 FAMILIES = {
     "llama": dict(model_type="llama", tie_word_embeddings=False),
     "llama-tied": dict(model_type="llama", tie_word_embeddings=True),
