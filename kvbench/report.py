@@ -827,9 +827,8 @@ def section_header(data: Results, groups: list[Group], out_dir: Path) -> str:
             + (" — synthetic (random) weights" if synthetic else "")
         )
     lines.append(f"- **Model{'s' if len(models) > 1 else ''}**: {'; '.join(models) or 'unknown'}")
-    prov = pd.concat(
-        [rows[["kvbench_version", "git_commit"]], data.runs[["kvbench_version", "git_commit"]]], ignore_index=True
-    )
+    # the builds that measured the rows (a resumed run that added nothing is only in runs.csv)
+    prov = (rows if len(rows) else data.runs)[["kvbench_version", "git_commit"]]
     builds = _unique(
         (f"{v or '?'} (git commit not recorded)" if c.lower() == "unknown" else f"{v or '?'} (git {c})")
         if c

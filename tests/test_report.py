@@ -858,3 +858,13 @@ def test_peer_summary_quantized_mode(tmp_path):
         ("8", "`int8`", "`hf:fp8` (fastest of 2)", "1.50x"),
     ]
     assert "Peers that could not run" not in section
+
+
+def test_header_names_the_builds_that_measured_the_rows(tmp_path):
+    """A later resumed run that added no row is in runs.csv but did not measure anything."""
+    later = {**runs_rows()[0], "git_commit": "cafe00000000", "command": "kvbench audit --resume"}
+    text = render_report([write(tmp_path, audit_rows(), None, [*runs_rows(), later])]).read_text()
+    header = text.split("## ", 1)[0]
+    assert f"(git {PROV['git_commit']})" in header
+    assert "cafe00000000" not in header
+    assert "kvbench audit --resume" in text  # still listed among the commands
