@@ -403,8 +403,8 @@ class DecodeWorkspace:
         block_n = block_n or cfg["block_n"]
         s = num_splits or choose_num_splits(b, n_kv_heads, capacity, block_n, q.device, cfg["programs_per_sm"])
         delegated = FORMATS[mode][1] == "delegated"
-        if delegated:  # the last split is the hot window's
-            s = max(s, 2)
+        if delegated:  # one more split, the last, for the hot window: the cold body keeps its parallelism
+            s = max(s + (num_splits is None), 2)
         return cls(b, hq, dim, s, q.device, two_planes=delegated)
 
 
