@@ -274,12 +274,6 @@ class ResultsWriter:
             if header != self.columns:
                 raise ValueError(f"{p} has different columns; write to a new --out folder")
 
-    def existing_rows(self) -> list[dict]:
-        if not self.csv_path.exists():
-            return []
-        with open(self.csv_path, newline="") as f:
-            return list(csv.DictReader(f))
-
 
 def default_out_dir(device) -> Path:
     import torch

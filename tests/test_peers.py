@@ -267,18 +267,17 @@ def _quantized_close(hf, lm, peer):
     assert 0 < peers.cache_nbytes(cache) < full
 
 
-@pytest.mark.parametrize("peer", ["hf:quanto-int4", "hf:quanto-int2"])
-def test_quanto_peers(folder_model, peer):
-    pytest.importorskip("optimum.quanto")
-    lm, hf = folder_model
-    if peers.available_peers()[peer]:
-        pytest.skip(peers.available_peers()[peer])
-    _quantized_close(hf, lm, peer)
-
-
-@pytest.mark.parametrize("peer", ["hf:hqq-int4", "hf:hqq-int8"])
-def test_hqq_peers(folder_model, peer):
-    pytest.importorskip("hqq")
+@pytest.mark.parametrize(
+    "peer,backend",
+    [
+        ("hf:quanto-int4", "optimum.quanto"),
+        ("hf:quanto-int2", "optimum.quanto"),
+        ("hf:hqq-int4", "hqq"),
+        ("hf:hqq-int8", "hqq"),
+    ],
+)
+def test_quantized_backend_peers(folder_model, peer, backend):
+    pytest.importorskip(backend)
     lm, hf = folder_model
     if peers.available_peers()[peer]:
         pytest.skip(peers.available_peers()[peer])

@@ -187,12 +187,5 @@ class ModelArgs:
             hf_config=cfg,
         )
 
-    def n_params(self) -> int:
-        h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
-        attn = h * (self.n_heads + 2 * self.n_kv_heads) * d + self.n_heads * d * h
-        per_layer = attn + 3 * h * i + 2 * h
-        emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.n_layers * per_layer + emb + h
-
     def kv_bytes_per_token_fp16(self, elem: int = 2) -> int:
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * elem

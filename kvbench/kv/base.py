@@ -186,9 +186,8 @@ class KVCache:
         from kvbench.kernels.decode_attention import decode_attention
         from kvbench.kernels.quantize import write_kv
 
-        args = self.kernel_args()
+        args = self.kernel_args()  # the workspace keeps the fp16 copy of each codebook the attention reads
         attn_args = {k_: v_ for k_, v_ in args.items() if not k_.endswith("boundaries")}
-        attn_args.update({k_: v_.to(torch.float16) for k_, v_ in args.items() if k_.endswith("codebook")})
         out = decode_attention(
             self.kernel_mode, q, k, v, self.buffers, length, scale, cold_length=cold, workspace=workspace, **attn_args
         )
