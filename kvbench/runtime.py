@@ -23,8 +23,15 @@ def pick_device(name: str) -> torch.device:
         dev = torch.device(name)
     except RuntimeError:
         raise KvbenchError(f"--device: '{name}' is not a device (cpu, cuda, cuda:1, auto)") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise KvbenchError("--device cuda asked for, but no CUDA GPU is visible")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise KvbenchError("--device cuda asked for, but no CUDA GPU is visible")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise KvbenchError(f"--device {name}: only {torch.cuda.device_count()} CUDA GPU(s) are visible")
+        # Triton launches, CUDA graphs and the memory counters all follow the current
+        # device, so a worker on cuda:1 must make it current, not only allocate there.
+        torch.cuda.set_device(dev)
+        dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 

@@ -1,56 +1,90 @@
 #!/usr/bin/env bash
-# The H200 runs behind results/<date>-h200 (see README). Two phases, because the
-# default model travels to the GPU machine in two halves (../shared/gpu/stage-model.sh):
-#   phase 1 (carry .gpu/m0):           decode-bench on dummy:llama-3.1-8b, capacity search
-#   phase 2 (carry .gpu/m1, .gpu/whl): audit of the default model at 2K/8K/32K
-#   phase k (carry .gpu/whl, staged by scripts/stage-gpu-extras.sh): the kernel
-#            tests on compiled kernels (bf16 and full-size cases included)
-#   phase p (after 1 and 2 on the same warm machine; carry .gpu/whl): peers, i.e.
-#            transformers' own caches beside kvbench's modes (audit + decode-bench)
+# The H200 runs behind results/<date>-h200* (see README). The default model travels
+# to the GPU machine in two halves (../shared/gpu/stage-model.sh), so the work comes
+# in phases; each is one `run` call. Steps:
+#   bench   (needs .gpu/m0):  decode-bench on dummy:llama-3.1-8b + capacity search
+#   audit   (needs the model): audit of the default model at 2K/8K/32K, all checks
+#   raw4    (needs the model): audit of raw turbo4 (--no-fallback)
+#   ktests  (needs .gpu/whl):  the kernel tests on compiled kernels (bf16, full sizes)
+#   peers   (needs the model, .gpu/whl): transformers' caches beside kvbench's modes
+#   peers8b (needs .gpu/whl):  the same on dummy:llama-3.1-8b (speed)
+#   shard:  one sweep on one GPU, then sharded over two (`--devices 0,1`)
+# Phases, on a 2-GPU machine (kind nvidia-h200-x2), two steps side by side, one per GPU:
+#   A (carry .gpu/m0 .gpu/whl):  GPU0 bench            | GPU1 ktests, peers8b
+#   B (carry .gpu/m1 .gpu/whl):  GPU0 audit            | GPU1 raw4, peers
+#   C (no carry):                shard
+# On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
-#   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh 1
+#   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}
 M=/tmp/kvbench-model
+G=$M/SmolLM2-135M-Instruct.Q4_1.gguf
+mkdir -p $OUT $M
+
+wheels() {
+  [[ -d /tmp/site ]] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+}
+
+step() {
+  local t0=$SECONDS
+  echo "== $1 on GPU ${CUDA_VISIBLE_DEVICES:-all} at $(date -u +%H:%M:%S)"
+  case $1 in
+  bench)
+    python3 -m kvbench decode-bench --model dummy:tiny --contexts 300 --batch 1,3 --gen 8 --warmup 4 --repeats 1 \
+      --out /tmp/smoke --quiet || return 1
+    timeout ${BENCH_TIMEOUT:-420} python3 -m kvbench decode-bench --model dummy:llama-3.1-8b --modes all --no-fallback \
+      --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --out $OUT/bench --quiet ;;
+  audit)
+    timeout ${AUDIT_TIMEOUT:-480} python3 -m kvbench audit --model $G --modes all \
+      --contexts 2k,8k,32k --compare-kernels --kv-cap-check 256 --prefix-reuse --niah --ppl --ppl-windows 1 \
+      --ppl-chunk 1024 --out $OUT/audit --quiet ;;
+  raw4)
+    timeout ${RAW4_TIMEOUT:-120} python3 -m kvbench audit --model $G --modes turbo4 --no-fallback \
+      --contexts 2k,8k,32k --out $OUT/audit-raw-turbo4 --quiet ;;
+  ktests)
+    KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
+      tests/test_kernels.py > $OUT/gpu-kernel-tests.txt 2>&1; tail -5 $OUT/gpu-kernel-tests.txt ;;
+  peers)
+    timeout ${PEERS_AUDIT_TIMEOUT:-200} python3 -m kvbench audit --model $G --modes fp16,int8,turbo4-asym,hf:all \
+      --contexts 2k,8k,32k --gen-tokens 32 --out $OUT/peers --quiet
+    timeout ${PEERS_BENCH_TIMEOUT:-150} python3 -m kvbench decode-bench --model $G \
+      --modes fp16,int8,turbo4-asym,turbo3-asym,hf:all --contexts 2k,8k,32k --batch 1 --warmup 4 --gen 32 --repeats 3 \
+      --out $OUT/peers --quiet ;;
+  peers8b)
+    timeout ${PEERS_8B_TIMEOUT:-240} python3 -m kvbench decode-bench --model dummy:llama-3.1-8b \
+      --modes fp16,int8,turbo4-asym,hf:all --contexts 2k,8k,32k --batch 1 --warmup 4 --gen 32 --repeats 3 \
+      --out $OUT/peers-8b --quiet ;;
+  shard)
+    local sweep="--model dummy:llama-3.1-8b --modes fp16,int8,turbo4-asym --contexts 2k,8k,32k --batch 1,16 --warmup 4 --gen 32 --repeats 2 --quiet"
+    timeout ${SHARD_TIMEOUT:-250} python3 -m kvbench decode-bench $sweep --devices 0 --out $OUT/shard-1gpu
+    timeout ${SHARD_TIMEOUT:-250} python3 -m kvbench decode-bench $sweep --devices 0,1 --out $OUT/shard-2gpu ;;
+  esac
+  local rc=$?
+  echo "== $1 done rc=$rc in $((SECONDS - t0)) s"
+}
+
 case "${1:-}" in
-k)
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-  mkdir -p $OUT
-  KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider \
-    tests/test_kernels.py 2>&1 | tee $OUT/gpu-kernel-tests.txt
-  ;;
-p)
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-  G=$M/SmolLM2-135M-Instruct.Q4_1.gguf
-  timeout ${PEERS_AUDIT_TIMEOUT:-200} python3 -m kvbench audit --model $G --modes fp16,int8,turbo4-asym,hf:all \
-    --contexts 2k,8k,32k --gen-tokens 32 --out $OUT/peers --quiet
-  timeout ${PEERS_BENCH_TIMEOUT:-150} python3 -m kvbench decode-bench --model $G \
-    --modes fp16,int8,turbo4-asym,turbo3-asym,hf:all --contexts 2k,8k,32k --batch 1 --warmup 4 --gen 32 --repeats 3 \
-    --out $OUT/peers --quiet
-  timeout ${PEERS_8B_TIMEOUT:-200} python3 -m kvbench decode-bench --model dummy:llama-3.1-8b \
-    --modes fp16,int8,turbo4-asym,hf:all --contexts 2k,8k,32k --batch 1 --warmup 4 --gen 32 --repeats 3 \
-    --out $OUT/peers-8b --quiet
-  ;;
-1)
-  mkdir -p $M && cp .gpu/m0/* $M/
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-  python3 -m kvbench decode-bench --model dummy:tiny --contexts 300 --batch 1,3 --gen 8 --warmup 4 --repeats 1 \
-    --out /tmp/smoke --quiet || exit 1
-  timeout ${BENCH_TIMEOUT:-420} python3 -m kvbench decode-bench --model dummy:llama-3.1-8b --modes all --no-fallback \
-    --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --out $OUT/bench --quiet
-  ;;
-2)
-  cp .gpu/m1/* $M/ && cat $M/part0* > $M/SmolLM2-135M-Instruct.Q4_1.gguf
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-  timeout ${AUDIT_TIMEOUT:-400} python3 -m kvbench audit --model $M/SmolLM2-135M-Instruct.Q4_1.gguf --modes all \
-    --contexts 2k,8k,32k --compare-kernels --kv-cap-check 256 --prefix-reuse --niah --ppl --ppl-windows 1 \
-    --ppl-chunk 1024 --out $OUT/audit --quiet
-  timeout 120 python3 -m kvbench audit --model $M/SmolLM2-135M-Instruct.Q4_1.gguf --modes turbo4 --no-fallback \
-    --contexts 2k,8k,32k --out $OUT/audit-raw-turbo4 --quiet
-  ;;
+step) shift; [[ $1 == audit || $1 == raw4 || $1 == peers ]] && [[ ! -f $G ]] && cat $M/part0* > $G
+  [[ $1 == ktests || $1 == peers* || $1 == audit ]] && wheels
+  [[ $1 == bench ]] && cp .gpu/m0/* $M/
+  step "$1" ;;
+A)
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv
+  cp .gpu/m0/* $M/ && wheels
+  (CUDA_VISIBLE_DEVICES=0 step bench > $OUT/A-gpu0.log 2>&1) &
+  (export CUDA_VISIBLE_DEVICES=1; step ktests; step peers8b) > $OUT/A-gpu1.log 2>&1 &
+  wait; cat $OUT/A-gpu0.log $OUT/A-gpu1.log | grep -v '^\s*$' | tail -40 ;;
+B)
+  [[ -f $M/part00 ]] || { echo "part00 missing: the machine was not the one of phase A"; exit 3; }
+  cp .gpu/m1/* $M/ && cat $M/part0* > $G && sha256sum $G && wheels
+  (CUDA_VISIBLE_DEVICES=0 step audit > $OUT/B-gpu0.log 2>&1) &
+  (export CUDA_VISIBLE_DEVICES=1; step raw4; step peers) > $OUT/B-gpu1.log 2>&1 &
+  wait; cat $OUT/B-gpu0.log $OUT/B-gpu1.log | grep -v '^\s*$' | tail -40 ;;
+C)
+  step shard 2>&1 | tail -30 ;;
+*) echo "usage: scripts/h200.sh A|B|C|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*
