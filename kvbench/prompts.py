@@ -69,4 +69,4 @@ def build_prompt(
 def synthetic_prompt(vocab_size: int, n_tokens: int, batch: int = 1, seed: int = 0) -> torch.Tensor:
     """Random token ids for models without a tokenizer (dummy weights)."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(3, vocab_size, (batch, n_tokens), generator=g)
+    return torch.randint(3, vocab_size, (batch, n_tokens), generator=g, device="cpu")

@@ -40,17 +40,18 @@ def distinct_ratio(items: list) -> float:
     return len(set(items)) / len(items) if items else 1.0
 
 
-def echoes_question(text: str, question: str, n: int = 5, verbatim: int = 8) -> bool:
-    """True if some `n` words of the question come back at least twice, or a run
-    of `verbatim` consecutive question words is copied (an answer restates a few
-    words of its question, not a whole clause)."""
+def echoes_question(text: str, question: str, n: int = 5, verbatim: int = 8, times: int = 3) -> bool:
+    """True if some `n` words of the question come back `times` times, or a run of
+    `verbatim` consecutive question words is copied. An answer may restate a phrase
+    of its question once or twice ("the main characters in the passage are ...");
+    a loop repeats it every few words, and copying a whole clause is an echo."""
     q = words(question)
     w = words(text)
     if len(q) < n or len(w) < n:
         return False
     q_grams = {tuple(q[i : i + n]) for i in range(len(q) - n + 1)}
     counts = Counter(tuple(w[i : i + n]) for i in range(len(w) - n + 1))
-    if any(counts[g] >= 2 for g in q_grams):
+    if any(counts[g] >= times for g in q_grams):
         return True
     long_q = {tuple(q[i : i + verbatim]) for i in range(len(q) - verbatim + 1)}
     return any(tuple(w[i : i + verbatim]) in long_q for i in range(len(w) - verbatim + 1))
@@ -110,3 +111,25 @@ def top2_margin(logits: torch.Tensor) -> float:
     """Gap between the two largest logits at one position."""
     top = logits.float().topk(2).values
     return (top[0] - top[1]).item()
+
+
+@dataclass
+class PathAgreement:
+    verdict: str  # identical | near-tie | diverged
+    flips: int  # positions whose argmax differs
+    worst_margin: float  # largest top-2 margin (of `a`) among them; 0.0 without flips
+
+    @property
+    def agrees(self) -> bool:
+        return self.verdict != "diverged"
+
+
+def path_agreement(a: torch.Tensor, b: torch.Tensor, margin: float) -> PathAgreement:
+    """Two computations of the same logits [n, V] (e.g. fused kernels vs reference):
+    they agree if every argmax flip sits where `a`'s top two are within `margin`
+    (rounding order can flip a near-tie; a bug flips clear decisions)."""
+    flips = (a.argmax(-1) != b.argmax(-1)).nonzero().flatten().tolist()
+    if not flips:
+        return PathAgreement("identical", 0, 0.0)
+    worst = max(top2_margin(a[i]) for i in flips)
+    return PathAgreement("near-tie" if worst < margin else "diverged", len(flips), worst)

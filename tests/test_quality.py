@@ -70,3 +70,34 @@ def test_a_copied_question_clause_is_an_echo():
     # restating a few words of the question is fine
     ok = "The planet closest to the Sun is Mercury, and Saturn is special because of its rings."
     assert not quality.detect_degenerate(ok, question=QUESTION).degenerate
+
+
+def test_restating_a_question_phrase_twice_is_not_an_echo():
+    # SmolLM2-135M, int8, 32K context with YaRN x4, kvbench audit on an H200: vague, but not a loop
+    question = "Who are the main characters in the passage above, and what happens to them?"
+    text = (
+        "The passage above is a continuation of the previous one, and the conclusion is\nthe final one.\n\n"
+        "The final conclusion is a bittersweet one, as it is a matter of course\nthat the main characters in "
+        "the passage are the main characters in the\nprevious passage.\n\nThe main characters are the"
+    )
+    assert not quality.detect_degenerate(text, question=question).degenerate
+    # the same phrase a third time is a loop on the question
+    assert quality.detect_degenerate(text + " main characters in the passage.", question=question).degenerate
+
+
+def test_path_agreement_tells_rounding_from_a_bug(seed):
+    a = torch.randn(40, 100) * 3
+    a[20, a[20].argmax()] += 5  # a clear decision at position 20
+    assert quality.path_agreement(a, a.clone(), 0.5).verdict == "identical"
+    # a near-tie (top two 0.1 apart) flipped by rounding
+    b = a.clone()
+    top = a[7].topk(2).indices
+    a[7, top[1]] = a[7, top[0]] - 0.1
+    b[7, top[1]] = a[7, top[0]] + 0.05
+    r = quality.path_agreement(a, b, 0.5)
+    assert (r.verdict, r.flips, r.agrees) == ("near-tie", 1, True) and r.worst_margin < 0.5
+    # a clear decision flipped
+    c = b.clone()
+    c[20, a[20].argmin()] = a[20].max() + 5
+    r = quality.path_agreement(a, c, 0.5)
+    assert (r.verdict, r.flips, r.agrees) == ("diverged", 2, False) and r.worst_margin > 0.5

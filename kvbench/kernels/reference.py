@@ -56,7 +56,7 @@ def hadamard(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
 
 def random_signs(dim: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return (1 - 2 * torch.randint(0, 2, (dim,), generator=g)).float().to(device)
+    return (1 - 2 * torch.randint(0, 2, (dim,), generator=g, device="cpu")).float().to(device)
 
 
 def rotate(x: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor) -> torch.Tensor:

@@ -54,7 +54,7 @@ def packed_dim(dim: int, bits: int) -> int:
 def sign_vector(dim: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """+1/-1 float32 vector: 1 - 2 * randint(0, 2, (dim,)) from a CPU generator seeded with `seed`."""
     g = torch.Generator().manual_seed(seed)
-    bits = torch.randint(0, 2, (dim,), generator=g)
+    bits = torch.randint(0, 2, (dim,), generator=g, device="cpu")
     return (1 - 2 * bits).float().to(device)
 
 
