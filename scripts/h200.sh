@@ -13,6 +13,9 @@
 #   A (carry .gpu/m0 .gpu/whl):  GPU0 bench            | GPU1 ktests, peers8b
 #   B (carry .gpu/m1 .gpu/whl):  GPU0 audit            | GPU1 raw4, peers
 #   C (no carry):                shard
+# On a 1-GPU machine, the re-run of the audits (no timing in them, so they may share the GPU):
+#   K (carry .gpu/m0 .gpu/whl):  ktests
+#   D (carry .gpu/m1 .gpu/whl):  audit, raw4 and peers-audit side by side
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -47,9 +50,11 @@ step() {
   ktests)
     KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
       tests/test_kernels.py > $OUT/gpu-kernel-tests.txt 2>&1; tail -5 $OUT/gpu-kernel-tests.txt ;;
-  peers)
+  peers-audit)
     timeout ${PEERS_AUDIT_TIMEOUT:-200} python3 -m kvbench audit --model $G --modes fp16,int8,turbo4-asym,hf:all \
-      --contexts 2k,8k,32k --gen-tokens 32 --out $OUT/peers --quiet
+      --contexts 2k,8k,32k --gen-tokens 32 --out $OUT/peers --quiet ;;
+  peers)
+    step peers-audit
     timeout ${PEERS_BENCH_TIMEOUT:-150} python3 -m kvbench decode-bench --model $G \
       --modes fp16,int8,turbo4-asym,turbo3-asym,hf:all --contexts 2k,8k,32k --batch 1 --warmup 4 --gen 32 --repeats 3 \
       --out $OUT/peers --quiet ;;
@@ -85,6 +90,14 @@ B)
   wait; cat $OUT/B-gpu0.log $OUT/B-gpu1.log | grep -v '^\s*$' | tail -40 ;;
 C)
   step shard 2>&1 | tail -30 ;;
-*) echo "usage: scripts/h200.sh A|B|C|step NAME"; exit 2 ;;
+K)
+  cp .gpu/m0/* $M/ && wheels && step ktests ;;
+D)
+  [[ -f $M/part00 ]] || { echo "part00 missing: the machine was not the one of phase K"; exit 3; }
+  cp .gpu/m1/* $M/ && cat $M/part0* > $G && sha256sum $G && wheels
+  (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
+  wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
+  (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
+*) echo "usage: scripts/h200.sh A|B|C|K|D|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*
