@@ -13,6 +13,8 @@
 #   A (carry .gpu/m0 .gpu/whl):  GPU0 bench            | GPU1 ktests, peers8b
 #   B (carry .gpu/m1 .gpu/whl):  GPU0 audit            | GPU1 raw4, peers
 #   C (no carry):                shard
+#   E (x2, no carry): the GPU benchmark alone on one GPU, then sharded over two, then the
+#      attention micro-benchmark (scripts/bench_kernels.py) on the current launch defaults
 # On a 1-GPU machine, the re-run of the audits (no timing in them, so they may share the GPU):
 #   K (carry .gpu/m0 .gpu/whl):  ktests
 #   D (carry .gpu/m1 .gpu/whl):  audit, raw4 and peers-audit side by side
@@ -90,6 +92,13 @@ B)
   wait; cat $OUT/B-gpu0.log $OUT/B-gpu1.log | grep -v '^\s*$' | tail -40 ;;
 C)
   step shard 2>&1 | tail -30 ;;
+E)
+  S="--model dummy:llama-3.1-8b --modes all --no-fallback --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --quiet"
+  timeout ${E1_TIMEOUT:-270} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench-1gpu > $OUT/E-1gpu.log 2>&1; echo "1 GPU rc=$?"
+  timeout ${E2_TIMEOUT:-200} python3 -m kvbench decode-bench $S --devices 0,1 --out $OUT/bench-2gpu > $OUT/E-2gpu.log 2>&1; echo "2 GPUs rc=$?"
+  timeout ${KB_TIMEOUT:-100} python3 scripts/bench_kernels.py --no-check > $OUT/kernels.txt 2>&1; echo "kernels rc=$?"
+  tail -3 $OUT/E-*.log; tail -40 $OUT/kernels.txt
+  (cd $OUT && tar czf all.tgz bench-1gpu bench-2gpu E-*.log kernels.*) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
