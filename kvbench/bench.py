@@ -182,7 +182,7 @@ class BenchJob:
             if need > self._budget:
                 return None
             return {"kv_bytes": kv, "peak_mem_gb": round(need / GB, 4), "peak_mem_kind": "cpu_estimate"}
-        caches = None
+        caches = step = tok = None
         try:
             reset_peak(s.device)
             caches = s.caches(mode, batch=batch, capacity=ctx + 4)
@@ -204,7 +204,7 @@ class BenchJob:
                 raise
             return None
         finally:
-            del caches
+            del caches, step, tok  # the decoder holds the caches too: drop both before releasing
             release(s.device)
 
     def _capacity(self, mode: str, ctx: int, rope_note: str) -> list[dict]:

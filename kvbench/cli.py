@@ -473,7 +473,12 @@ def report(
     ] = None,
     out: Annotated[
         Path | None,
-        typer.Option("--out", "-o", help="Where to write report.md. [default: the first folder]", show_default=False),
+        typer.Option(
+            "--out",
+            "-o",
+            help="Folder for report.md and its plots, or a .md file path (plots beside it). [default: the first folder]",
+            show_default=False,
+        ),
     ] = None,
 ) -> None:
     """Turn results CSVs into report.md: summary, status matrix, benchmark table, plots, recommendation."""

@@ -2462,6 +2462,9 @@ def render_report(results_dirs: list[Path], out_dir: Path | None = None) -> Path
     if data.audit.empty and data.bench.empty:
         raise KvbenchError(f"no audit.csv or bench.csv rows in {', '.join(str(d) for d in dirs)}")
     out = Path(out_dir) if out_dir is not None else dirs[0]
+    name = "report.md"
+    if out.suffix == ".md":  # --out path/to/name.md: that file, the plots beside it
+        out, name = out.parent, out.name
     out.mkdir(parents=True, exist_ok=True)
     groups = build_groups(data)
     plots = {g.index: make_plots(g, out) for g in groups}
@@ -2479,6 +2482,6 @@ def render_report(results_dirs: list[Path], out_dir: Path | None = None) -> Path
         section_links(data, out),
     ]
     text = "\n\n".join(s.strip() for s in sections if s.strip()) + "\n"
-    path = out / "report.md"
+    path = out / name
     path.write_text(text)
     return path

@@ -82,7 +82,8 @@ def peak_bytes(device: torch.device) -> tuple[float, str]:
 def available_bytes(device: torch.device) -> float:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        return float(free)
+        # blocks the caching allocator holds but no tensor uses are available as well
+        return float(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
     try:
         m = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
         return float(m.group(1)) * 1024

@@ -271,6 +271,17 @@ def test_write_kv(mode, dim, tokens, seed):
             )
         elif a.is_floating_point():
             assert torch.equal(a.isnan(), w.isnan()), f"seed {seed}: {key} written outside its slots"
+            # a turbo scale is ||x|| / ||c[codes]||: a token whose code flipped at a cell edge
+            # (allowed above) has a slightly different one (~0.5% at D=64); every other must agree
+            codes = f"{key[0]}_codes"
+            flip = (
+                (got[codes] != want[codes]).any(-1, keepdim=True) if codes in got and key.endswith("_scale") else None
+            )
+            if flip is not None and flip.any():
+                torch.testing.assert_close(
+                    a[flip], w[flip], rtol=2e-2, atol=0, msg=f"seed {seed}: {key} (flipped code)"
+                )
+                a, w = a[~flip], w[~flip]
             torch.testing.assert_close(a, w, rtol=1e-3, atol=0, equal_nan=True, msg=f"seed {seed}: {key}")
         else:  # int8 codes: exact (ties of x / scale at .5 are round-half-even in both)
             assert torch.equal(a, w), f"seed {seed}: {key}"

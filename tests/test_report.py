@@ -868,3 +868,11 @@ def test_header_names_the_builds_that_measured_the_rows(tmp_path):
     assert f"(git {PROV['git_commit']})" in header
     assert "cafe00000000" not in header
     assert "kvbench audit --resume" in text  # still listed among the commands
+
+
+def test_out_may_name_the_report_file(tmp_path):
+    folder = write(tmp_path / "r", audit=[_greedy("fp16", 2048, verdict="reference")])
+    path = render_report([folder], tmp_path / "elsewhere" / "h200.md")
+    assert path == tmp_path / "elsewhere" / "h200.md" and path.is_file()
+    assert not (tmp_path / "elsewhere" / "h200.md" / "report.md").exists()
+    assert render_report([folder], tmp_path / "dir") == tmp_path / "dir" / "report.md"
