@@ -8,16 +8,19 @@
 #   ktests  (needs .gpu/whl):  the kernel tests on compiled kernels (bf16, full sizes)
 #   peers   (needs the model, .gpu/whl): transformers' caches beside kvbench's modes
 #   peers8b (needs .gpu/whl):  the same on dummy:llama-3.1-8b (speed)
-#   shard:  one sweep on one GPU, then sharded over two (`--devices 0,1`)
-# Phases, on a 2-GPU machine (kind nvidia-h200-x2), two steps side by side, one per GPU:
-#   A (carry .gpu/m0 .gpu/whl):  GPU0 bench            | GPU1 ktests, peers8b
-#   B (carry .gpu/m1 .gpu/whl):  GPU0 audit            | GPU1 raw4, peers
-#   C (no carry):                shard
-#   E (x2, no carry): the GPU benchmark alone on one GPU, then sharded over two, then the
+#   shard1 / shard2: a small sweep on one GPU / sharded over two (`--devices 0,1`)
+# Phases as run for results/2026-11-30-h200* (each one `run` call; A, C and E on a
+# 2-GPU machine, kind nvidia-h200-x2, steps side by side one per GPU; K then D on one GPU):
+#   A (carry .gpu/m0 .gpu/whl):  GPU0 bench (superseded by E) | GPU1 ktests, peers8b
+#   B (after A, carry .gpu/m1 .gpu/whl): joins the model; GPU0 audit | GPU1 raw4, peers
+#      (superseded: D re-ran the audits after two fixes; B's peers files did not come
+#      back from the machine, so C re-ran peers)
+#   C (after B, same machine):   GPU1 peers | GPU0 the small sweep on one GPU; then it on two
+#   E (no carry): the GPU benchmark alone on one GPU, then sharded over two, then the
 #      attention micro-benchmark (scripts/bench_kernels.py) on the current launch defaults
-# On a 1-GPU machine, the re-run of the audits (no timing in them, so they may share the GPU):
 #   K (carry .gpu/m0 .gpu/whl):  ktests
-#   D (carry .gpu/m1 .gpu/whl):  audit, raw4 and peers-audit side by side
+#   D (after K, carry .gpu/m1 .gpu/whl): audit, raw4 and peers-audit side by side (no
+#      timing in them, so they may share the GPU)
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -64,18 +67,18 @@ step() {
     timeout ${PEERS_8B_TIMEOUT:-240} python3 -m kvbench decode-bench --model dummy:llama-3.1-8b \
       --modes fp16,int8,turbo4-asym,hf:all --contexts 2k,8k,32k --batch 1 --warmup 4 --gen 32 --repeats 3 \
       --out $OUT/peers-8b --quiet ;;
-  shard)
-    local sweep="--model dummy:llama-3.1-8b --modes fp16,int8,turbo4-asym --contexts 2k,8k,32k --batch 1,16 --warmup 4 --gen 32 --repeats 2 --quiet"
-    timeout ${SHARD_TIMEOUT:-250} python3 -m kvbench decode-bench $sweep --devices 0 --out $OUT/shard-1gpu
-    timeout ${SHARD_TIMEOUT:-250} python3 -m kvbench decode-bench $sweep --devices 0,1 --out $OUT/shard-2gpu ;;
+  shard1|shard2)
+    local devices=0 sweep="--model dummy:llama-3.1-8b --modes fp16,int8,turbo4-asym --contexts 2k,8k,32k --batch 1,16 --warmup 4 --gen 32 --repeats 2 --quiet"
+    [[ $1 == shard2 ]] && devices=0,1
+    timeout ${SHARD_TIMEOUT:-250} python3 -m kvbench decode-bench $sweep --devices $devices --out $OUT/shard-${1#shard}gpu ;;
   esac
   local rc=$?
   echo "== $1 done rc=$rc in $((SECONDS - t0)) s"
 }
 
 case "${1:-}" in
-step) shift; [[ $1 == audit || $1 == raw4 || $1 == peers ]] && [[ ! -f $G ]] && cat $M/part0* > $G
-  [[ $1 == ktests || $1 == peers* || $1 == audit ]] && wheels
+step) shift; [[ $1 == audit || $1 == raw4 || $1 == peers* ]] && [[ ! -f $G ]] && cat $M/part0* > $G
+  [[ $1 == ktests || $1 == peers* || $1 == audit || $1 == raw4 ]] && wheels
   [[ $1 == bench ]] && cp .gpu/m0/* $M/
   step "$1" ;;
 A)
@@ -91,7 +94,13 @@ B)
   (export CUDA_VISIBLE_DEVICES=1; step raw4; step peers) > $OUT/B-gpu1.log 2>&1 &
   wait; cat $OUT/B-gpu0.log $OUT/B-gpu1.log | grep -v '^\s*$' | tail -40 ;;
 C)
-  step shard 2>&1 | tail -30 ;;
+  [[ -f $G ]] || { echo "the model is missing: run C on the machine of phase B"; exit 3; }
+  wheels
+  (export CUDA_VISIBLE_DEVICES=1; step peers > $OUT/C-peers.log 2>&1) &
+  step shard1 > $OUT/C-1gpu.log 2>&1
+  wait; step shard2 > $OUT/C-2gpu.log 2>&1
+  tail -n 3 $OUT/C-*.log
+  (cd $OUT && tar czf all.tgz peers shard-1gpu shard-2gpu C-*.log) ;;
 E)
   S="--model dummy:llama-3.1-8b --modes all --no-fallback --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --quiet"
   timeout ${E1_TIMEOUT:-270} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench-1gpu > $OUT/E-1gpu.log 2>&1; echo "1 GPU rc=$?"
@@ -107,6 +116,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|K|D|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*
