@@ -71,6 +71,8 @@ def quantized_cache(mode, b, cap, length, cold, dtype, kw, device):
             bufs[side] = x[side]
         elif fmt == "int8":
             bufs[side], bufs[side + "_scale"] = ref.quantize_int8(x[side])
+            if side == "v":  # as the int8 cache stores it
+                bufs[side] = ref.token_major(bufs[side].shape, torch.int8, device).copy_(bufs[side])
         else:
             bits = 3 if fmt == "turbo3" else 4
             signs, cb, bnd = kw[side + "_signs"], kw[side + "_codebook"], kw[side + "_boundaries"]
@@ -136,8 +138,9 @@ def check(device, cod):
     return ok
 
 
-def random_cache(mode, b, length, dtype, device):
-    """Cache of capacity L filled with random bytes of the right kinds (timing only)."""
+def random_cache(mode, b, length, dtype, device, int8_v="token-major"):
+    """Cache of capacity L filled with random bytes of the right kinds (timing only);
+    int8 V token-major as the int8 cache stores it, or row-major ([B, H, cap, D])."""
     kf, vf = ref.FORMATS[mode]
     bufs = {}
     for side, fmt in (("k", kf), ("v", vf)):
@@ -146,6 +149,8 @@ def random_cache(mode, b, length, dtype, device):
             bufs[side] = torch.randn(*shape, D, device=device, dtype=dtype)
         elif fmt == "int8":
             bufs[side] = torch.randint(-127, 128, (*shape, D), device=device, dtype=torch.int8)
+            if side == "v" and int8_v == "token-major":
+                bufs[side] = ref.token_major(bufs[side].shape, torch.int8, device).copy_(bufs[side])
             bufs[side + "_scale"] = torch.rand(*shape, 1, device=device) / 64
         else:
             bits = 3 if fmt == "turbo3" else 4
@@ -200,13 +205,19 @@ def copies_for(nbytes):
     return max(1, min(16, math.ceil(4 * L2_BYTES / nbytes)))
 
 
-def bench_mode(mode, b, length, dtype, device, cod, configs):
+def kernel_mode(name):
+    """A timed kernel's mode and int8 V layout: "int8-rowmajor" is int8 with V stored [B, H, cap, D]."""
+    return ("int8", "row-major") if name == "int8-rowmajor" else (name, "token-major")
+
+
+def bench_mode(name, b, length, dtype, device, cod, configs):
     """[(config, us)] for each tuning config of one mode and shape."""
+    mode, int8_v = kernel_mode(name)
     kw = attn_kwargs(mode_kwargs(mode, cod))
     cold = length - HOT
-    probe = random_cache(mode, b, length, dtype, device)
+    probe = random_cache(mode, b, length, dtype, device, int8_v)
     nbytes = kv_bytes(mode, probe, length, cold)
-    caches = [probe] + [random_cache(mode, b, length, dtype, device) for _ in range(copies_for(nbytes) - 1)]
+    caches = [probe] + [random_cache(mode, b, length, dtype, device, int8_v) for _ in range(copies_for(nbytes) - 1)]
     q = torch.randn(b, HQ, D, device=device, dtype=dtype)
     kn, vn = torch.randn(2, b, HKV, D, device=device, dtype=dtype)
     out = torch.empty_like(q)
@@ -247,7 +258,9 @@ def bench_write(mode, b, dtype, device, cod, **tune):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tune", action="store_true", help="sweep num_splits x BLOCK_N x num_warps x num_stages")
-    ap.add_argument("--modes", default=",".join(ref.MODES), help="comma list of modes")
+    ap.add_argument(
+        "--modes", default=",".join(ref.MODES), help="comma list of modes (int8-rowmajor: int8 with V stored [B, H, cap, D])"
+    )
     ap.add_argument("--shapes", default=",".join(f"{b}x{n}" for b, n in SHAPES), help="comma list of BATCHxCONTEXT")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--once", action="store_true", help="one plain call per mode and shape (for a profiler), no timing")
@@ -280,7 +293,7 @@ def main():
         rows.append({"batch": b, "context": length, "kernel": "torch-sdpa-fp16", "us": sdpa_us, "kv_bytes": sdpa_bytes})
         print(f"{b:5} {length:7} {'torch-sdpa-fp16':17} {sdpa_us:8.1f} {sdpa_bytes / sdpa_us / 1e6:6.2f} {1:7.2f}")
         for mode in modes:
-            cfg = default_config(mode)
+            cfg = default_config(kernel_mode(mode)[0])
             default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, cfg.pop("programs_per_sm"))
             configs = [{"num_splits": None, **cfg}]
             if args.tune:
@@ -306,7 +319,7 @@ def main():
                 print("        top 5:", "; ".join(f"{'/'.join(str(v) for v in c.values())} {t:.1f}" for c, t in top))
     print("\n== quantize-on-write of one decode token (K and V, all heads), one layer ==")
     for b in sorted({b for b, _ in shapes}):
-        line = "  ".join(f"{mode} {bench_write(mode, b, dtype, device, cod):.1f}" for mode in modes)
+        line = "  ".join(f"{mode} {bench_write(mode, b, dtype, device, cod):.1f}" for mode in modes if mode in ref.MODES)
         print(f"batch {b:3}: us  {line}")
         if args.tune:
             for block_r, warps in itertools.product((1, 2, 4), (1, 2)):

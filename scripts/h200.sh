@@ -21,6 +21,8 @@
 #   K (carry .gpu/m0 .gpu/whl):  ktests
 #   D (after K, carry .gpu/m1 .gpu/whl): audit, raw4 and peers-audit side by side (no
 #      timing in them, so they may share the GPU)
+#   F (carry .gpu/whl; a later session): int8 V token-major: attention alone for both
+#      int8 layouts with the tuning sweep, the benchmark on one GPU, the kernel tests
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -108,6 +110,14 @@ E)
   timeout ${KB_TIMEOUT:-100} python3 scripts/bench_kernels.py --no-check > $OUT/kernels.txt 2>&1; echo "kernels rc=$?"
   tail -3 $OUT/E-*.log; tail -40 $OUT/kernels.txt
   (cd $OUT && tar czf all.tgz bench-1gpu bench-2gpu E-*.log kernels.*) ;;
+F)  # int8 V stored token-major: attention alone (both layouts, tuned), the benchmark, kernel tests
+  timeout ${KT_TIMEOUT:-170} python3 scripts/bench_kernels.py --modes fp16,int8,int8-rowmajor --tune > $OUT/kernels-int8-tune.txt 2>&1
+  echo "kernels rc=$?"; grep -v "^  *top 5" $OUT/kernels-int8-tune.txt | tail -25
+  S="--model dummy:llama-3.1-8b --modes all --no-fallback --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --quiet"
+  timeout ${F_TIMEOUT:-230} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench > $OUT/F-bench.log 2>&1; echo "bench rc=$?"
+  tail -3 $OUT/F-bench.log
+  wheels; TEST_TIMEOUT=${TEST_TIMEOUT:-150} step ktests
+  (cd $OUT && tar czf all.tgz bench kernels-int8-tune.txt F-bench.log gpu-kernel-tests.txt) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -116,6 +126,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

@@ -75,8 +75,10 @@ def random_tokens(b, h, t, dim, dtype):
     return x.to(dtype)
 
 
-def make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw):
-    """Buffers in the mode's format holding `length` random tokens; poison everywhere else."""
+def make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw, int8_v="token-major"):
+    """Buffers in the mode's format holding `length` random tokens; poison everywhere else.
+    int8 V is stored as the int8 cache stores it (token-major, storage padded with garbage)
+    or, with int8_v="row-major", as a contiguous [B, H, cap, D]."""
     kf, vf = ref.FORMATS[mode]
     bufs = {}
     for x, fmt in (("k", kf), ("v", vf)):
@@ -85,6 +87,10 @@ def make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw):
             bufs[x] = tokens
         elif fmt == "int8":
             bufs[x], bufs[x + "_scale"] = ref.quantize_int8(tokens)
+            if x == "v" and int8_v == "token-major":
+                tm = ref.token_major(bufs[x].shape, torch.int8, bufs[x].device, pad=48)
+                torch.empty(0, dtype=torch.int8).set_(tm.untyped_storage()).random_(-128, 128)
+                bufs[x] = tm.copy_(bufs[x])
         else:
             bits = 3 if fmt == "turbo3" else 4
             signs, cb, bnd = (kw[f"{x}_signs"], kw[f"{x}_codebook"], kw[f"{x}_boundaries"])
@@ -114,10 +120,10 @@ def tolerance(mode, dtype):
     return 4e-3
 
 
-def run_decode(mode, b, hkv, group, dim, length, cap, dtype, num_splits, cold=None):
+def run_decode(mode, b, hkv, group, dim, length, cap, dtype, num_splits, cold=None, int8_v="token-major"):
     kw = codec_kwargs(mode, dim)
     cold = length // 2 if cold is None else cold
-    bufs = make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw)
+    bufs = make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw, int8_v)
     # peaked attention (logits ~ N(0, 9)) so that every single token matters
     q = (3 * torch.randn(b, hkv * group, dim)).to(dtype)
     k_new, v_new = random_tokens(b, hkv, 2, dim, dtype).unbind(2)
@@ -153,6 +159,23 @@ def test_decode_attention(mode, case, seed):
     assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
     err = max_rel(out, expected)
     assert err < tolerance(mode, dtype), f"seed {seed}: max rel error {err:.2e}"
+
+
+@pytest.mark.parametrize("case", DECODE_CASES[1:4], ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}-cap{}-{}-s{}".format(*c))
+def test_decode_int8_row_major_v(case, seed):
+    """The kernel also reads int8 V stored as a plain contiguous [B, H, cap, D]."""
+    out, expected = run_decode("int8", *case, int8_v="row-major")
+    assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
+    assert max_rel(out, expected) < tolerance("int8", case[6]), f"seed {seed}"
+
+
+def test_token_major_layout():
+    """token_major: a [B, H, cap, D] view whose storage is [B, H, D, P], P = cap padded."""
+    buf = ref.token_major((2, 3, 300, 64), torch.int8, DEVICE)
+    assert buf.shape == (2, 3, 300, 64) and buf.stride() == (3 * 64 * 512, 64 * 512, 1, 512)
+    assert ref.token_major_stride(buf) == 512
+    assert ref.token_major_stride(torch.empty(2, 3, 300, 64)) is None
+    assert ref.token_major_stride(buf[:, 1:]) is None  # not the layout of a whole buffer
 
 
 @pytest.mark.parametrize("cold", [0, 100, 300])

@@ -39,7 +39,7 @@ from kvbench.kernels.quantize import (
     rotate,
     wht_params,
 )
-from kvbench.kernels.reference import FORMATS
+from kvbench.kernels.reference import FORMATS, token_major_stride
 
 LOG2E = 1.4426950408889634
 
@@ -103,8 +103,10 @@ def _attend_range(
     CBV,
     k_row0,
     v_row0,
+    v_cap,
     K_FMT: tl.constexpr,
     V_FMT: tl.constexpr,
+    V_TOKEN_MAJOR: tl.constexpr,
     RESCALE_OTHER: tl.constexpr,
     D: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -160,7 +162,13 @@ def _attend_range(
             v = tl.load(V + vr[:, None] * D + d[None, :], mask=mask[:, None], other=0.0)
             pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         elif V_FMT == INT8:
-            v = tl.load(V + vr[:, None] * D + d[None, :], mask=mask[:, None], other=0)
+            if V_TOKEN_MAJOR:  # V stored [B, H, D, cap]: tokens contiguous, as the int8 dot wants them
+                # masked at the padded capacity, not at L: constant over 16-token runs, so the
+                # loads stay 16-byte vectors (codes past L meet a zero weight; int8 has no NaN)
+                v_ptr = V + d[:, None] * v_cap + t[None, :]  # V points at this (batch, head)'s plane
+                v = tl.trans(tl.load(v_ptr, mask=t[None, :] < v_cap, other=0))
+            else:
+                v = tl.load(V + vr[:, None] * D + d[None, :], mask=mask[:, None], other=0)
             wh, wl, unit = _split_int8(p * tl.load(VS + vr, mask=mask, other=0.0)[None, :])
             pv = tl.dot(wh, v).to(tl.float32) + tl.dot(wl, v).to(tl.float32) * (1.0 / 254.0)
             pv = pv * unit[:, None]
@@ -193,6 +201,7 @@ def _decode_split_kernel(
     Hkv,
     cap,
     hot_cap,
+    v_cap,
     qk_scale,
     G: tl.constexpr,
     D: tl.constexpr,
@@ -200,6 +209,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     K_FMT: tl.constexpr,
     V_FMT: tl.constexpr,
+    V_TOKEN_MAJOR: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     # grid: (B * Hkv, num_splits): one program per (batch, kv head, split of [0, L)), for all G query heads
@@ -241,21 +251,23 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
     row0 = bh.to(tl.int64) * cap
+    if V_TOKEN_MAJOR:  # int8 V stored [B, H, D, v_cap] (see `token_major`): V at this (batch, head)'s plane
+        V += bh.to(tl.int64) * D * v_cap
     if V_FMT == DELEGATED:
         acc_hot = tl.zeros([BLOCK_G, D], tl.float32)
         m_i, l_i, acc, acc_hot = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc, acc_hot, lo, tl.minimum(hi, cold), K, KS, V, VS, CBK, CBV,
-            row0, row0, K_FMT, TURBO4, False, D, BLOCK_N, PRECISION,
+            row0, row0, 0, K_FMT, TURBO4, False, False, D, BLOCK_N, PRECISION,
         )  # fmt: skip
         hot_row0 = bh.to(tl.int64) * hot_cap - cold  # token t lives in hot slot t - C
         m_i, l_i, acc_hot, acc = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc_hot, acc, tl.maximum(lo, cold), hi, K, KS, VH, VS, CBK, CBV,
-            row0, hot_row0, K_FMT, FLOAT, True, D, BLOCK_N, PRECISION,
+            row0, hot_row0, 0, K_FMT, FLOAT, False, True, D, BLOCK_N, PRECISION,
         )  # fmt: skip
     else:
         m_i, l_i, acc, acc_hot = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc, acc, lo, hi, K, KS, V, VS, CBK, CBV,
-            row0, row0, K_FMT, V_FMT, False, D, BLOCK_N, PRECISION,
+            row0, row0, v_cap, K_FMT, V_FMT, V_TOKEN_MAJOR, False, D, BLOCK_N, PRECISION,
         )  # fmt: skip
 
     ws = (bh * G + g) * n_splits + split  # workspace row of (batch, query head, split)
@@ -409,13 +421,15 @@ class DecodeWorkspace:
 
 
 def _check_args(mode, q, k_new, v_new, out, buffers, ws):
-    """Cheap shape checks: the kernels index buffers as contiguous [B, H, cap, W] and
-    vectors by their last dim."""
+    """Cheap shape checks: the kernels index buffers as contiguous [B, H, cap, W] (int8 V
+    may also be token-major) and vectors by their last dim."""
     b, hq, dim = q.shape
     if any(x.stride(-1) != 1 for x in (q, k_new, v_new, out)):
         raise ValueError("decode_attention needs q, k_new, v_new and out with a contiguous last dim")
-    if not all(buf.is_contiguous() for buf in buffers.values()):
-        raise ValueError("decode_attention needs contiguous cache buffers [B, H, capacity, ...]")
+    for key, buf in buffers.items():
+        token_major = key == "v" and FORMATS[mode][1] == "int8" and token_major_stride(buf) is not None
+        if not (buf.is_contiguous() or token_major):
+            raise ValueError(f"decode_attention needs contiguous cache buffers [B, H, capacity, ...] ({key!r} is not)")
     planes = 2 if FORMATS[mode][1] == "delegated" else 1
     if ws.acc.shape[0] < planes or ws.acc.shape[1:] != (b, hq, ws.num_splits, dim):
         raise ValueError(f"workspace of shape {tuple(ws.acc.shape)} does not fit q {tuple(q.shape)} in mode {mode}")
@@ -487,12 +501,14 @@ def decode_attention(
     qk_scale = sm_scale * LOG2E
     precision = "ieee" if torch.float32 in (q.dtype, k.dtype, v.dtype) else "tf32"
 
+    v_stride = token_major_stride(v) if vf == "int8" and not v.is_contiguous() else None
+
     s = workspace.num_splits
     _decode_split_kernel[(b * hkv, s)](
         q_score, k, ks, v, vs, vh, cbk, cbv, length, cold, workspace.m, workspace.l, workspace.acc,
-        q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], qk_scale,
+        q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
-        K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], PRECISION=precision,
+        K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     rotated = vf.startswith(("turbo", "delegated"))

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvbench.kernels.reference import FORMATS
+from kvbench.kernels.reference import FORMATS, token_major_stride
 
 # storage formats: the kernels' constexpr switches (HOT: the fp16 hot window of delegated V)
 FORMAT_IDS = {"float": 0, "int8": 1, "turbo4": 2, "turbo3": 3, "hot": 4, "delegated": 5}
@@ -71,13 +71,16 @@ def _store_rows(
     stride_xh,
     stride_xt,
     cap,
+    stride_d,
     FMT: tl.constexpr,
+    TOKEN_MAJOR: tl.constexpr,
     D: tl.constexpr,
     BLOCK_R: tl.constexpr,
     A: tl.constexpr,
     INV_SQRT_D: tl.constexpr,
 ):
-    """Store rows [row0, row0 + BLOCK_R) of x [B, H, T, D] (row = (b * H + h) * T + t) at token slot + t."""
+    """Store rows [row0, row0 + BLOCK_R) of x [B, H, T, D] (row = (b * H + h) * T + t) at token slot + t.
+    TOKEN_MAJOR (int8 only): DST's storage is [B, H, D, stride_d] (see `reference.token_major`)."""
     rows = row0 + tl.arange(0, BLOCK_R)
     rmask = rows < n_rows
     t = rows % T
@@ -95,7 +98,11 @@ def _store_rows(
         scale = tl.math.div_rn(tl.max(tl.abs(x), 1), 127.0)
         scale = tl.where(scale == 0.0, 1.0, scale)  # zero guard only: a tiny scale stays tiny
         q = tl.minimum(tl.maximum(_rint(tl.math.div_rn(x, scale[:, None])), -127.0), 127.0)
-        tl.store(DST + dst[:, None] * D + d[None, :], q.to(tl.int8), mask=rmask[:, None])
+        if TOKEN_MAJOR:
+            ptr = DST + (bh.to(tl.int64) * D * stride_d + slot + t)[:, None] + d[None, :] * stride_d
+        else:
+            ptr = DST + dst[:, None] * D + d[None, :]
+        tl.store(ptr, q.to(tl.int8), mask=rmask[:, None])
         tl.store(SCALE + dst, scale, mask=rmask)
     else:
         BITS: tl.constexpr = 4 if FMT == TURBO4 else 3
@@ -148,8 +155,10 @@ def _write_kv_kernel(
     stride_vt,
     cap_k,
     cap_v,
+    v_stride_d,
     K_FMT: tl.constexpr,
     V_FMT: tl.constexpr,
+    V_TOKEN_MAJOR: tl.constexpr,
     D: tl.constexpr,
     BLOCK_R: tl.constexpr,
     A: tl.constexpr,
@@ -159,10 +168,11 @@ def _write_kv_kernel(
     row0 = tl.program_id(0) * BLOCK_R
     if tl.program_id(1) == 0:
         _store_rows(XK, DK, SK, S1K, S2K, CBK, BNK, SLOT, COLD, row0, n_rows, H, T,
-                    stride_kb, stride_kh, stride_kt, cap_k, K_FMT, D, BLOCK_R, A, INV_SQRT_D)  # fmt: skip
+                    stride_kb, stride_kh, stride_kt, cap_k, 0, K_FMT, False, D, BLOCK_R, A, INV_SQRT_D)  # fmt: skip
     else:
         _store_rows(XV, DV, SV, S1V, S2V, CBV, BNV, SLOT, COLD, row0, n_rows, H, T,
-                    stride_vb, stride_vh, stride_vt, cap_v, V_FMT, D, BLOCK_R, A, INV_SQRT_D)  # fmt: skip
+                    stride_vb, stride_vh, stride_vt, cap_v, v_stride_d, V_FMT, V_TOKEN_MAJOR, D, BLOCK_R, A,
+                    INV_SQRT_D)  # fmt: skip
 
 
 @triton.jit
@@ -258,12 +268,16 @@ def write_kv(
     for x in (k_new, v_new):
         if x.stride(-1) != 1:
             raise ValueError("write_kv needs k_new / v_new with a contiguous last dim")
+    for key, buf in (("k", dk), ("v", dv)):
+        if not buf.is_contiguous() and not (key == "v" and vf == "int8" and token_major_stride(buf)):
+            raise ValueError(f"write_kv needs contiguous cache buffers [B, H, capacity, ...] ({key!r} is not)")
+    v_stride = token_major_stride(dv) if vf == "int8" and not dv.is_contiguous() else None
     n_rows = b * h * t
     turbo = any(f.startswith("turbo") for f in (kf, vf))
     wht = wht_params(dim) if turbo else {"A": 1, "INV_SQRT_D": 1.0}
     grid = (triton.cdiv(n_rows, block_r), 2)
     _write_kv_kernel[grid](
         k_new, v_new, dk, sk, dv, sv, s1k, s2k, cbk, bnk, s1v, s2v, cbv, bnv, slot, cold, n_rows, h, t,
-        *k_new.stride()[:3], *v_new.stride()[:3], dk.shape[2], dv.shape[2],
-        K_FMT=k_fmt, V_FMT=v_fmt, D=dim, BLOCK_R=block_r, num_warps=num_warps, **wht,
+        *k_new.stride()[:3], *v_new.stride()[:3], dk.shape[2], dv.shape[2], v_stride or 0,
+        K_FMT=k_fmt, V_FMT=v_fmt, V_TOKEN_MAJOR=v_stride is not None, D=dim, BLOCK_R=block_r, num_warps=num_warps, **wht,
     )  # fmt: skip

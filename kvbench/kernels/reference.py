@@ -8,6 +8,9 @@ Storage formats (token axis at dim 2, slots [0, L) valid):
 - fp16: ``k``, ``v`` [B, H, cap, D] in the compute dtype.
 - int8: ``k``, ``v`` int8 [B, H, cap, D]; ``k_scale``, ``v_scale`` float32
   [B, H, cap, 1]; value = q * scale with scale = absmax / 127 (1.0 for a zero vector).
+  The int8 cache stores ``v`` token-major (`token_major`: a [B, H, cap, D] view of
+  [B, H, D, padded cap] storage) because the int8 tensor-core dot of p @ V wants
+  tokens contiguous; the kernels read either layout, the code here does not care.
 - turbo (b = 4 or 3 bits): ``<x>_codes`` uint8 [B, H, cap, b*D/8] and
   ``<x>_scale`` float16 [B, H, cap, 1]. r = s2 * H(s1 * x / ||x||), codes = cell
   of r in the codebook, scale = ||x|| / ||c[codes]||, x_hat = s1 * H(s2 * scale * c[codes]).
@@ -36,6 +39,26 @@ FORMATS = {
     "turbo4": ("turbo4", "turbo4"),
     "turbo4-delegated": ("float", "delegated"),
 }
+
+
+def token_major(shape, dtype, device, pad: int = 256) -> torch.Tensor:
+    """An empty [B, H, cap, D] buffer whose storage is [B, H, D, P] (P = cap rounded up
+    to `pad`): each channel's tokens are contiguous. Indexing, copies and the reference
+    code see an ordinary [B, H, cap, D] tensor."""
+    b, h, cap, d = shape
+    padded = -(-max(cap, 1) // pad) * pad
+    return torch.empty((b, h, d, padded), dtype=dtype, device=device).transpose(2, 3)[:, :, :cap]
+
+
+def token_major_stride(buf: torch.Tensor) -> int | None:
+    """P if `buf` [B, H, cap, D] is laid out as `token_major` makes it (storage
+    [B, H, D, P], P >= cap), else None."""
+    if buf.dim() != 4 or buf.shape[3] < 2:
+        return None
+    b, h, cap, d = buf.shape
+    p = buf.stride(3)
+    dense = buf.stride(2) == 1 and p >= cap and buf.stride(1) == d * p and (b == 1 or buf.stride(0) == h * d * p)
+    return p if dense else None
 
 
 def _as_int(x: torch.Tensor | int | None) -> int:

@@ -210,7 +210,7 @@ class KVCache:
     def clone(self) -> KVCache:
         """An independent copy (modes keep every tensor in `self.buffers`)."""
         new = copy.copy(self)
-        new.buffers = {k: v.clone() for k, v in self.buffers.items()}
+        new.buffers = {k: _clone_layout(v) for k, v in self.buffers.items()}
         return new
 
     def copy_from(self, other: KVCache, n_tokens: int | None = None) -> None:
@@ -231,6 +231,12 @@ class KVCache:
             f"{type(self).__name__}(layer={self.layer_idx}, live={self.live}, offset={self.offset}, "
             f"capacity={self.capacity})"
         )
+
+
+def _clone_layout(x: torch.Tensor) -> torch.Tensor:
+    """A copy with x's strides (`clone` makes a padded view such as int8's token-major V contiguous)."""
+    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    return out.copy_(x)
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -5,13 +5,15 @@ The seed engine's defect was `scale = max(scale, 1.0)`: real K/V absmax is far
 below 127, so that floor rounded every value to an integer and greedy decoding
 collapsed. A tiny nonzero scale stays tiny here. Scales are fp32 (4 bytes per
 token-head) so that no magnitude underflows: at D=128 a token-head costs
-128 + 4 bytes against 256 for fp16 (1.94x).
+128 + 4 bytes against 256 for fp16 (1.94x). V codes are stored token-major
+(`kernels.reference.token_major`): only the GPU kernels see the difference.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kvbench.kernels.reference import token_major
 from kvbench.kv.base import KVCache
 from kvbench.kv.registry import register
 
@@ -42,7 +44,8 @@ class Int8Cache(KVCache):
         return {
             "k": torch.empty((b, h, capacity, d), dtype=torch.int8, device=dev),
             "k_scale": torch.empty((b, h, capacity, 1), dtype=torch.float32, device=dev),
-            "v": torch.empty((b, h, capacity, d), dtype=torch.int8, device=dev),
+            # tokens contiguous per channel: the layout the GPU kernel's p @ V dot reads fastest
+            "v": token_major((b, h, capacity, d), torch.int8, dev),
             "v_scale": torch.empty((b, h, capacity, 1), dtype=torch.float32, device=dev),
         }
 
