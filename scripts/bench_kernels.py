@@ -206,13 +206,17 @@ def copies_for(nbytes):
 
 
 def kernel_mode(name):
-    """A timed kernel's mode and int8 V layout: "int8-rowmajor" is int8 with V stored [B, H, cap, D]."""
-    return ("int8", "row-major") if name == "int8-rowmajor" else (name, "token-major")
+    """A timed kernel's (mode, int8 V layout, turbo lookup): "int8-rowmajor" is int8 with V
+    stored [B, H, cap, D]; "<turbo mode>@gather" times the codebook gather instead of prmt."""
+    if name == "int8-rowmajor":
+        return "int8", "row-major", None
+    mode, _, lut = name.partition("@")
+    return mode, "token-major", lut or None
 
 
 def bench_mode(name, b, length, dtype, device, cod, configs):
     """[(config, us)] for each tuning config of one mode and shape."""
-    mode, int8_v = kernel_mode(name)
+    mode, int8_v, lut = kernel_mode(name)
     kw = attn_kwargs(mode_kwargs(mode, cod))
     cold = length - HOT
     probe = random_cache(mode, b, length, dtype, device, int8_v)
@@ -226,11 +230,12 @@ def bench_mode(name, b, length, dtype, device, cod, configs):
     results = []
     for cfg in configs:
         ws = DecodeWorkspace.for_cache(mode, q, HKV, length, cfg["num_splits"], cfg["block_n"])
-        tune = {k: v for k, v in cfg.items() if k != "num_splits"}
+        tune = {k: v for k, v in cfg.items() if k not in ("num_splits", "nearest")}
 
         def call(bufs, ws=ws, tune=tune):
             return lambda: decode_attention(
-                mode, q, kn, vn, bufs, dl, 1 / math.sqrt(D), cold_length=dc, out=out, workspace=ws, **kw, **tune
+                mode, q, kn, vn, bufs, dl, 1 / math.sqrt(D), cold_length=dc, out=out, workspace=ws, lut=lut, **kw,
+                **tune,
             )
 
         results.append(({**cfg, "num_splits": ws.num_splits}, time_graph([call(c) for c in caches])))
@@ -294,7 +299,8 @@ def main():
         print(f"{b:5} {length:7} {'torch-sdpa-fp16':17} {sdpa_us:8.1f} {sdpa_bytes / sdpa_us / 1e6:6.2f} {1:7.2f}")
         for mode in modes:
             cfg = default_config(kernel_mode(mode)[0])
-            default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, cfg.pop("programs_per_sm"))
+            pps, nearest = cfg.pop("programs_per_sm"), cfg.pop("nearest", False)
+            default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, pps, nearest)
             configs = [{"num_splits": None, **cfg}]
             if args.tune:
                 splits = sorted({max(1, default_splits // 2), default_splits, 2 * default_splits})

@@ -23,6 +23,8 @@
 #      timing in them, so they may share the GPU)
 #   F (carry .gpu/whl; a later session): int8 V token-major: attention alone for both
 #      int8 layouts with the tuning sweep, the benchmark on one GPU, the kernel tests
+#   G (carry .gpu/whl, after F): the prmt lookup for turbo codes and int8's retuned splits:
+#      kernel tests, attention alone (prmt and gather side by side), the benchmark
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -118,6 +120,16 @@ F)  # int8 V stored token-major: attention alone (both layouts, tuned), the benc
   tail -3 $OUT/F-bench.log
   wheels; TEST_TIMEOUT=${TEST_TIMEOUT:-150} step ktests
   (cd $OUT && tar czf all.tgz bench kernels-int8-tune.txt F-bench.log gpu-kernel-tests.txt) ;;
+G)  # prmt codebook lookup for the turbo kernels, int8 splits retuned: kernel tests, attention alone
+    # (turbo modes with the prmt lookup and with the gather), the benchmark on one GPU
+  wheels; TEST_TIMEOUT=${TEST_TIMEOUT:-150} step ktests
+  timeout ${KB_TIMEOUT:-150} python3 scripts/bench_kernels.py \
+    --modes fp16,int8,turbo4-asym,turbo4-asym@gather,turbo3-asym,turbo3-asym@gather,turbo4,turbo4@gather,turbo4-delegated,turbo4-delegated@gather \
+    > $OUT/kernels.txt 2>&1; echo "kernels rc=$?"; tail -42 $OUT/kernels.txt
+  S="--model dummy:llama-3.1-8b --modes all --no-fallback --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --quiet"
+  timeout ${G_TIMEOUT:-230} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench > $OUT/G-bench.log 2>&1; echo "bench rc=$?"
+  tail -3 $OUT/G-bench.log
+  (cd $OUT && tar czf all.tgz bench kernels.txt kernels.csv G-bench.log gpu-kernel-tests.txt) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -126,6 +138,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

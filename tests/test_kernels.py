@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from kvbench.kernels import reference as ref
-from kvbench.kernels.decode_attention import DecodeWorkspace, choose_num_splits, decode_attention
+from kvbench.kernels.decode_attention import DecodeWorkspace, choose_num_splits, decode_attention, lut_path, prmt_table
 from kvbench.kernels.quantize import rotate, write_kv
 
 F16, F32, BF16 = torch.float16, torch.float32, torch.bfloat16
@@ -233,6 +233,25 @@ def test_choose_num_splits():
     assert choose_num_splits(1, 8, 1024) == 4  # short cache: at least 2 blocks of 128 per split
     assert choose_num_splits(16, 8, 32768) == 5  # 4 programs per SM: long splits balance the SMs
     assert choose_num_splits(64, 8, 16) == 1
+    # int8's rule: ~2 programs per SM, rounded to the nearest count of splits
+    assert choose_num_splits(16, 8, 32768, programs_per_sm=(2, 2), nearest=True) == 2
+    assert choose_num_splits(1, 8, 32768, programs_per_sm=(2, 2), nearest=True) == 33
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_prmt_table_layout(bits):
+    """The prmt lookup's table: byte j of word k (k < 4: low bytes, k >= 4: high bytes) is
+    centroid 4k + j's (a 3-bit codebook fills the first two words of each plane)."""
+    cb = ref.lloyd_max_codebook(bits, 64)
+    table = prmt_table(cb).cpu()
+    assert table.dtype == torch.int32 and table.shape == (8,)
+    raw = cb.to(torch.float16).view(torch.int16).to(torch.int64).cpu() & 0xFFFF
+    planes = table.to(torch.int64) & 0xFFFFFFFF
+    got = [[(int(w) >> (8 * j)) & 0xFF for w in planes[p * 4 : p * 4 + 4] for j in range(4)] for p in (0, 1)]
+    n = 1 << bits
+    assert got[0][:n] == [int(x) & 0xFF for x in raw] and got[1][:n] == [int(x) >> 8 for x in raw]
+    assert not any(got[0][n:]) and not any(got[1][n:])
+    assert lut_path(torch.device("cpu")) == "gather"  # the interpreter runs no inline PTX
 
 
 # ----------------------------------------------------------------- quantize-on-write

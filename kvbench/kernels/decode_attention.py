@@ -24,6 +24,8 @@ Two launches (three for turbo K, which first rotates the query):
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -45,32 +47,140 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _load_packed(CODES, rows, mask, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Packed code groups of token rows [BLOCK_N] -> [BLOCK_N, NG]: bytes (4-bit) or 24-bit words (3-bit)."""
-    CPG: tl.constexpr = 2 if BITS == 4 else 8  # codes per packed group
-    BPG: tl.constexpr = CPG * BITS // 8  # bytes per packed group
+def _load_packed(CODES, rows, mask, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, PRMT: tl.constexpr):
+    """Packed codes of token rows [BLOCK_N] -> [BLOCK_N, NG]: bytes of 2 codes (4-bit, gather
+    path) or int32 words of 8 codes (4-bit for the prmt path; 3-bit always, 24 bits)."""
+    CPG: tl.constexpr = 2 if BITS == 4 and not PRMT else 8  # codes per packed group
     NG: tl.constexpr = D // CPG
     g = tl.arange(0, NG)
-    if BITS == 4:
+    if BITS == 4 and PRMT:  # a row of D/2 bytes is D/8 aligned int32 words
+        packed = tl.load(CODES.to(tl.pointer_type(tl.int32)) + rows[:, None] * NG + g[None, :], mask=mask[:, None], other=0)
+    elif BITS == 4:
         packed = tl.load(CODES + rows[:, None] * NG + g[None, :], mask=mask[:, None], other=0)
     else:
         packed = tl.zeros([BLOCK_N, NG], dtype=tl.int32)
-        for k in tl.static_range(BPG):
-            byte = tl.load(CODES + rows[:, None] * (NG * BPG) + (g * BPG + k)[None, :], mask=mask[:, None], other=0)
+        for k in tl.static_range(3):
+            byte = tl.load(CODES + rows[:, None] * (NG * 3) + (g * 3 + k)[None, :], mask=mask[:, None], other=0)
             packed |= byte.to(tl.int32) << (8 * k)
     return packed
 
 
 @triton.jit
-def _centroids(packed, CB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Unpack [BLOCK_N, NG] code groups and gather their fp16 centroids -> [BLOCK_N, D].
+def _centroids(packed, CB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, PRMT: tl.constexpr):
+    """Unpack [BLOCK_N, NG] code groups into their fp16 centroids -> [BLOCK_N, D].
 
-    The codebook is 2^BITS fp16 values (one 32-byte sector, so a warp's gather is a
-    single L1 wavefront; a 256-entry table of code pairs measured 3-6x slower).
+    Gather path: CB is the codebook, 2^BITS fp16 values (one 32-byte sector, so a warp's
+    gather is a single L1 wavefront; a 256-entry table of code pairs measured 3-6x slower).
+    PRMT path (compiled kernels only): CB holds the codebook's low and high bytes in 8
+    int32 words (`prmt_table`), which sit in registers; byte permutes pick each code's
+    two bytes, about 3 instructions per code instead of an address and a load.
     """
-    CPG: tl.constexpr = 2 if BITS == 4 else 8
-    idx = (packed.to(tl.int32)[:, :, None] >> (tl.arange(0, CPG) * BITS)[None, None, :]) & ((1 << BITS) - 1)
-    return tl.load(CB + tl.reshape(idx, [BLOCK_N, D]))
+    if PRMT:
+        c = _centroids_prmt(packed, CB, BITS, D, BLOCK_N)
+    else:
+        CPG: tl.constexpr = 2 if BITS == 4 else 8
+        idx = (packed.to(tl.int32)[:, :, None] >> (tl.arange(0, CPG) * BITS)[None, None, :]) & ((1 << BITS) - 1)
+        c = tl.load(CB + tl.reshape(idx, [BLOCK_N, D]))
+    return c
+
+
+@triton.jit
+def _centroids_prmt(words, TAB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[BLOCK_N, D/8] int32 words of 8 codes (code i at bits BITS*i) -> [BLOCK_N, D] fp16.
+
+    TAB: [L0..L3, H0..H3], byte j of Lk / Hk = low / high byte of centroid 4k + j.
+    4 bits, per 4 codes (a 16-bit half h of the word): selectors s = h & 0x7777 pick from
+    entries 0-7 (L0:L1) and 8-15 (L2:L3); bit 3 of each code, spread to a byte mask by a
+    sign-replicating prmt, chooses between them (lop3 0xD8 = m ? b : a). 3 bits: the
+    codes are spread to nibbles (bfi) and one prmt per byte plane does. A last prmt pair
+    interleaves low and high bytes into fp16 pairs. Output $m holds code [0,4,2,6,1,5,3,7][m],
+    the order the joins below put back in place. Checked bit for bit against the gather
+    path by the kernel tests on a GPU.
+    """
+    t0 = tl.load(TAB + 0)
+    t1 = tl.load(TAB + 1)
+    t2 = tl.load(TAB + 2)
+    t3 = tl.load(TAB + 3)
+    t4 = tl.load(TAB + 4)
+    t5 = tl.load(TAB + 5)
+    t6 = tl.load(TAB + 6)
+    t7 = tl.load(TAB + 7)
+    if BITS == 4:
+        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+            """{
+            .reg .b32 a, m, s, la, lb, ha, hb, lo, hi, p0, p1, w;
+            shl.b32 a, $8, 4;
+            prmt.b32 m, a, $8, 0xD9C8;
+            and.b32 s, $8, 0x7777;
+            prmt.b32 la, $9, $10, s;
+            prmt.b32 lb, $11, $12, s;
+            prmt.b32 ha, $13, $14, s;
+            prmt.b32 hb, $15, $16, s;
+            lop3.b32 lo, la, lb, m, 0xD8;
+            lop3.b32 hi, ha, hb, m, 0xD8;
+            prmt.b32 p0, lo, hi, 0x5140;
+            prmt.b32 p1, lo, hi, 0x7362;
+            mov.b32 {$0, $4}, p0;
+            mov.b32 {$2, $6}, p1;
+            shr.u32 w, $8, 16;
+            shl.b32 a, w, 4;
+            prmt.b32 m, a, w, 0xD9C8;
+            and.b32 s, w, 0x7777;
+            prmt.b32 la, $9, $10, s;
+            prmt.b32 lb, $11, $12, s;
+            prmt.b32 ha, $13, $14, s;
+            prmt.b32 hb, $15, $16, s;
+            lop3.b32 lo, la, lb, m, 0xD8;
+            lop3.b32 hi, ha, hb, m, 0xD8;
+            prmt.b32 p0, lo, hi, 0x5140;
+            prmt.b32 p1, lo, hi, 0x7362;
+            mov.b32 {$1, $5}, p0;
+            mov.b32 {$3, $7}, p1;
+            }""",
+            "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r,r,r,r,r", [words, t0, t1, t2, t3, t4, t5, t6, t7],
+            dtype=(tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+            """{
+            .reg .b32 t, s, x, la, ha, p0, p1;
+            and.b32 t, $8, 0xFFF;
+            and.b32 s, t, 7;
+            shr.u32 x, t, 3;
+            bfi.b32 s, x, s, 4, 3;
+            shr.u32 x, t, 6;
+            bfi.b32 s, x, s, 8, 3;
+            shr.u32 x, t, 9;
+            bfi.b32 s, x, s, 12, 3;
+            prmt.b32 la, $9, $10, s;
+            prmt.b32 ha, $13, $14, s;
+            prmt.b32 p0, la, ha, 0x5140;
+            prmt.b32 p1, la, ha, 0x7362;
+            mov.b32 {$0, $4}, p0;
+            mov.b32 {$2, $6}, p1;
+            shr.u32 t, $8, 12;
+            and.b32 t, t, 0xFFF;
+            and.b32 s, t, 7;
+            shr.u32 x, t, 3;
+            bfi.b32 s, x, s, 4, 3;
+            shr.u32 x, t, 6;
+            bfi.b32 s, x, s, 8, 3;
+            shr.u32 x, t, 9;
+            bfi.b32 s, x, s, 12, 3;
+            prmt.b32 la, $9, $10, s;
+            prmt.b32 ha, $13, $14, s;
+            prmt.b32 p0, la, ha, 0x5140;
+            prmt.b32 p1, la, ha, 0x7362;
+            mov.b32 {$1, $5}, p0;
+            mov.b32 {$3, $7}, p1;
+            }""",
+            "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r,r,r,r,r", [words, t0, t1, t2, t3, t4, t5, t6, t7],
+            dtype=(tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True, pack=1,
+        )  # fmt: skip
+    c = tl.join(tl.join(tl.join(o0, o1), tl.join(o2, o3)), tl.join(tl.join(o4, o5), tl.join(o6, o7)))
+    return tl.reshape(c, [BLOCK_N, D])
 
 
 @triton.jit
@@ -111,6 +221,7 @@ def _attend_range(
     D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    PRMT: tl.constexpr,
 ):
     """Online softmax over tokens [lo, hi): returns updated (m, l, acc, acc_other).
 
@@ -122,10 +233,10 @@ def _attend_range(
     d = tl.arange(0, D)
     offs = tl.arange(0, BLOCK_N)
     if K_FMT == TURBO4:
-        k_pk = _load_packed(K, k_row0 + lo + offs, lo + offs < hi, 4, D, BLOCK_N)
+        k_pk = _load_packed(K, k_row0 + lo + offs, lo + offs < hi, 4, D, BLOCK_N, PRMT)
         k_sc = tl.load(KS + k_row0 + lo + offs, mask=lo + offs < hi, other=0.0)
     if V_CODES:
-        v_pk = _load_packed(V, v_row0 + lo + offs, lo + offs < hi, V_BITS, D, BLOCK_N)
+        v_pk = _load_packed(V, v_row0 + lo + offs, lo + offs < hi, V_BITS, D, BLOCK_N, PRMT)
         v_sc = tl.load(VS + v_row0 + lo + offs, mask=lo + offs < hi, other=0.0)
     for n0 in range(lo, hi, BLOCK_N):
         t = n0 + offs
@@ -135,11 +246,11 @@ def _attend_range(
         nxt = t + BLOCK_N
         if K_FMT == TURBO4:
             k_cur, k_scale = k_pk, k_sc
-            k_pk = _load_packed(K, k_row0 + nxt, nxt < hi, 4, D, BLOCK_N)
+            k_pk = _load_packed(K, k_row0 + nxt, nxt < hi, 4, D, BLOCK_N, PRMT)
             k_sc = tl.load(KS + k_row0 + nxt, mask=nxt < hi, other=0.0)
         if V_CODES:
             v_cur, v_scale = v_pk, v_sc
-            v_pk = _load_packed(V, v_row0 + nxt, nxt < hi, V_BITS, D, BLOCK_N)
+            v_pk = _load_packed(V, v_row0 + nxt, nxt < hi, V_BITS, D, BLOCK_N, PRMT)
             v_sc = tl.load(VS + v_row0 + nxt, mask=nxt < hi, other=0.0)
         # scores in log2 units [BLOCK_G, BLOCK_N]
         if K_FMT == FLOAT:
@@ -150,7 +261,7 @@ def _attend_range(
             s = tl.dot(qa, kt).to(tl.float32) + tl.dot(qb, kt).to(tl.float32) * (1.0 / 254.0)
             s = s * (q_unit[:, None] * tl.load(KS + kr, mask=mask, other=0.0)[None, :])
         else:
-            c = _centroids(k_cur, CBK, 4, D, BLOCK_N)
+            c = _centroids(k_cur, CBK, 4, D, BLOCK_N, PRMT)
             s = tl.dot(qa, tl.trans(c)) * (q_unit[:, None] * k_scale.to(tl.float32)[None, :])
         s = tl.where(mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -173,7 +284,7 @@ def _attend_range(
             pv = tl.dot(wh, v).to(tl.float32) + tl.dot(wl, v).to(tl.float32) * (1.0 / 254.0)
             pv = pv * unit[:, None]
         else:
-            c = _centroids(v_cur, CBV, V_BITS, D, BLOCK_N)
+            c = _centroids(v_cur, CBV, V_BITS, D, BLOCK_N, PRMT)
             pv = tl.dot((p * v_scale.to(tl.float32)[None, :]).to(tl.float16), c)
         acc = acc * alpha[:, None] + pv
         if RESCALE_OTHER:
@@ -211,6 +322,7 @@ def _decode_split_kernel(
     V_FMT: tl.constexpr,
     V_TOKEN_MAJOR: tl.constexpr,
     PRECISION: tl.constexpr,
+    PRMT: tl.constexpr,
 ):
     # grid: (B * Hkv, num_splits): one program per (batch, kv head, split of [0, L)), for all G query heads
     bh = tl.program_id(0)
@@ -257,17 +369,17 @@ def _decode_split_kernel(
         acc_hot = tl.zeros([BLOCK_G, D], tl.float32)
         m_i, l_i, acc, acc_hot = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc, acc_hot, lo, tl.minimum(hi, cold), K, KS, V, VS, CBK, CBV,
-            row0, row0, 0, K_FMT, TURBO4, False, False, D, BLOCK_N, PRECISION,
+            row0, row0, 0, K_FMT, TURBO4, False, False, D, BLOCK_N, PRECISION, PRMT,
         )  # fmt: skip
         hot_row0 = bh.to(tl.int64) * hot_cap - cold  # token t lives in hot slot t - C
         m_i, l_i, acc_hot, acc = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc_hot, acc, tl.maximum(lo, cold), hi, K, KS, VH, VS, CBK, CBV,
-            row0, hot_row0, 0, K_FMT, FLOAT, False, True, D, BLOCK_N, PRECISION,
+            row0, hot_row0, 0, K_FMT, FLOAT, False, True, D, BLOCK_N, PRECISION, PRMT,
         )  # fmt: skip
     else:
         m_i, l_i, acc, acc_hot = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc, acc, lo, hi, K, KS, V, VS, CBK, CBV,
-            row0, row0, v_cap, K_FMT, V_FMT, V_TOKEN_MAJOR, False, D, BLOCK_N, PRECISION,
+            row0, row0, v_cap, K_FMT, V_FMT, V_TOKEN_MAJOR, False, D, BLOCK_N, PRECISION, PRMT,
         )  # fmt: skip
 
     ws = (bh * G + g) * n_splits + split  # workspace row of (batch, query head, split)
@@ -354,18 +466,29 @@ def _sm_count(device: torch.device) -> int:
 
 
 def choose_num_splits(
-    batch: int, n_kv_heads: int, capacity: int, block_n: int = 128, device=None, programs_per_sm=(2, 4)
+    batch: int,
+    n_kv_heads: int,
+    capacity: int,
+    block_n: int = 128,
+    device=None,
+    programs_per_sm=(2, 4),
+    nearest: bool = False,
 ) -> int:
     """Splits of the token axis, from the capacity (the grid is fixed while L grows).
 
     At least lo programs per SM, and up to hi per SM while splits keep >= 1024 tokens
     (at large batch more programs balance the SMs; at batch 1 short splits only add
-    merge work); never fewer than 2 blocks of BLOCK_N per split.
+    merge work); never fewer than 2 blocks of BLOCK_N per split. `nearest`: programs per SM
+    rounded to the nearest count of splits, not up (int8 at batch 16: 2 splits, 256
+    programs, beat 3 or 5).
     """
     lo, hi = programs_per_sm
     sms = _sm_count(torch.device(device) if device is not None else torch.device("cpu"))
     rows = batch * n_kv_heads
-    splits = max(min(triton.cdiv(hi * sms, rows), triton.cdiv(capacity, 1024)), triton.cdiv(lo * sms, rows))
+    def per_row(programs):  # splits that put `programs` programs on every SM
+        return max(1, (programs * sms + rows // 2) // rows) if nearest else triton.cdiv(programs * sms, rows)
+
+    splits = max(min(per_row(hi), triton.cdiv(capacity, 1024)), per_row(lo))
     return max(1, min(splits, triton.cdiv(capacity, 2 * block_n), 256))
 
 
@@ -377,6 +500,8 @@ def default_config(mode: str) -> dict:
     cfg = {"block_n": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": (2, 4)}
     if mode == "fp16":
         cfg["programs_per_sm"] = (1, 1)
+    elif mode == "int8":  # token-major V: ~2 programs per SM at batch 1 and 16 (2026-11-30 sweep)
+        cfg.update(programs_per_sm=(2, 2), nearest=True)
     elif mode == "turbo4":
         cfg.update(block_n=64, num_stages=2)
     elif mode.startswith("turbo"):
@@ -407,17 +532,52 @@ class DecodeWorkspace:
             self.codebooks[side] = codebook.to(torch.float16).contiguous()
         return self.codebooks[side]
 
+    def prmt_table(self, side: str, codebook: torch.Tensor) -> torch.Tensor:
+        """The side's codebook as the prmt path's 8 int32 words (`prmt_table`), made at the first call."""
+        key = side + ":prmt"
+        if key not in self.codebooks:
+            self.codebooks[key] = prmt_table(codebook)
+        return self.codebooks[key]
+
+
     @classmethod
     def for_cache(cls, mode: str, q: torch.Tensor, n_kv_heads: int, capacity: int, num_splits=None, block_n=None):
         """Workspace for decoding `q` [B, Hq, D] against a cache of `capacity` slots."""
         b, hq, dim = q.shape
         cfg = default_config(mode)
         block_n = block_n or cfg["block_n"]
-        s = num_splits or choose_num_splits(b, n_kv_heads, capacity, block_n, q.device, cfg["programs_per_sm"])
+        s = num_splits or choose_num_splits(
+            b, n_kv_heads, capacity, block_n, q.device, cfg["programs_per_sm"], cfg.get("nearest", False)
+        )
         delegated = FORMATS[mode][1] == "delegated"
         if delegated:  # one more split, the last, for the hot window: the cold body keeps its parallelism
             s = max(s + (num_splits is None), 2)
         return cls(b, hq, dim, s, q.device, two_planes=delegated)
+
+
+def prmt_table(codebook: torch.Tensor) -> torch.Tensor:
+    """int32 [8] = [L0..L3, H0..H3]: byte j of Lk (Hk) is the low (high) byte of fp16
+    centroid 4k + j; a 3-bit codebook fills L0, L1, H0, H1 and leaves the rest 0."""
+    bits = codebook.to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF
+    if bits.numel() not in (8, 16):
+        raise ValueError(f"the prmt lookup serves 8- or 16-entry codebooks, got {bits.numel()}")
+    planes = []
+    for plane in (bits & 0xFF, bits >> 8):
+        words = (plane.view(-1, 4) << torch.tensor([0, 8, 16, 24], device=bits.device)).sum(-1)
+        planes.append(torch.cat([words, words.new_zeros(4 - words.numel())]))
+    words = torch.cat(planes)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def lut_path(device: torch.device, lut: str | None = None) -> str:
+    """How turbo kernels turn codes into centroids: "prmt" (byte permutes in registers,
+    compiled kernels only: the Triton interpreter runs no inline PTX) or "gather"."""
+    if lut is None:
+        interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        lut = "prmt" if device.type == "cuda" and not interpreted else "gather"
+    if lut not in ("prmt", "gather"):
+        raise ValueError(f"lut must be 'prmt' or 'gather', got {lut!r}")
+    return lut
 
 
 def _check_args(mode, q, k_new, v_new, out, buffers, ws):
@@ -457,6 +617,7 @@ def decode_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    lut: str | None = None,
 ) -> torch.Tensor:
     """One decode step of attention for one layer (same contract as `reference.decode_attention`).
 
@@ -467,7 +628,8 @@ def decode_attention(
     Returns [B, Hq, D] in q's dtype, written into `out` when given. With `out` and a
     warmed-up `workspace` given and L, C as device tensors, nothing is allocated
     (capturable in a CUDA graph). `num_splits` comes from the workspace, else
-    `choose_num_splits` over the cache capacity; unset tuning knobs from `default_config`.
+    `choose_num_splits` over the cache capacity; unset tuning knobs from `default_config`;
+    `lut` picks the turbo code lookup (`lut_path`: prmt on compiled kernels, else gather).
     """
     cfg = default_config(mode)
     block_n = block_n or cfg["block_n"]
@@ -493,8 +655,10 @@ def decode_attention(
         v, vs = buffers["v_codes"], buffers["v_scale"]
     vh = buffers.get("v_hot", v)
     ks = buffers.get("k_scale", k)
-    cbk = workspace.codebook("k", k_codebook) if kf == "turbo4" else ks
-    cbv = workspace.codebook("v", v_codebook) if vf.startswith(("turbo", "delegated")) else vs
+    prmt = lut_path(dev, lut) == "prmt"
+    table = workspace.prmt_table if prmt else workspace.codebook
+    cbk = table("k", k_codebook) if kf == "turbo4" else ks
+    cbv = table("v", v_codebook) if vf.startswith(("turbo", "delegated")) else vs
     q_score = q
     if kf == "turbo4":
         q_score = rotate(q, *k_signs, out=workspace.q_rot)
@@ -508,7 +672,7 @@ def decode_attention(
         q_score, k, ks, v, vs, vh, cbk, cbv, length, cold, workspace.m, workspace.l, workspace.acc,
         q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
-        K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision,
+        K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision, PRMT=prmt,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     rotated = vf.startswith(("turbo", "delegated"))
