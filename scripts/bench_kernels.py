@@ -234,7 +234,18 @@ def bench_mode(name, b, length, dtype, device, cod, configs):
 
         def call(bufs, ws=ws, tune=tune):
             return lambda: decode_attention(
-                mode, q, kn, vn, bufs, dl, 1 / math.sqrt(D), cold_length=dc, out=out, workspace=ws, lut=lut, **kw,
+                mode,
+                q,
+                kn,
+                vn,
+                bufs,
+                dl,
+                1 / math.sqrt(D),
+                cold_length=dc,
+                out=out,
+                workspace=ws,
+                lut=lut,
+                **kw,
                 **tune,
             )
 
@@ -264,7 +275,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tune", action="store_true", help="sweep num_splits x BLOCK_N x num_warps x num_stages")
     ap.add_argument(
-        "--modes", default=",".join(ref.MODES), help="comma list of modes (int8-rowmajor: int8 with V stored [B, H, cap, D])"
+        "--modes",
+        default=",".join(ref.MODES),
+        help="comma list of modes (int8-rowmajor: int8 with V stored [B, H, cap, D])",
     )
     ap.add_argument("--shapes", default=",".join(f"{b}x{n}" for b, n in SHAPES), help="comma list of BATCHxCONTEXT")
     ap.add_argument("--no-check", action="store_true")
@@ -325,7 +338,9 @@ def main():
                 print("        top 5:", "; ".join(f"{'/'.join(str(v) for v in c.values())} {t:.1f}" for c, t in top))
     print("\n== quantize-on-write of one decode token (K and V, all heads), one layer ==")
     for b in sorted({b for b, _ in shapes}):
-        line = "  ".join(f"{mode} {bench_write(mode, b, dtype, device, cod):.1f}" for mode in modes if mode in ref.MODES)
+        line = "  ".join(
+            f"{mode} {bench_write(mode, b, dtype, device, cod):.1f}" for mode in modes if mode in ref.MODES
+        )
         print(f"batch {b:3}: us  {line}")
         if args.tune:
             for block_r, warps in itertools.product((1, 2, 4), (1, 2)):

@@ -54,7 +54,9 @@ def _load_packed(CODES, rows, mask, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N
     NG: tl.constexpr = D // CPG
     g = tl.arange(0, NG)
     if BITS == 4 and PRMT:  # a row of D/2 bytes is D/8 aligned int32 words
-        packed = tl.load(CODES.to(tl.pointer_type(tl.int32)) + rows[:, None] * NG + g[None, :], mask=mask[:, None], other=0)
+        packed = tl.load(
+            CODES.to(tl.pointer_type(tl.int32)) + rows[:, None] * NG + g[None, :], mask=mask[:, None], other=0
+        )
     elif BITS == 4:
         packed = tl.load(CODES + rows[:, None] * NG + g[None, :], mask=mask[:, None], other=0)
     else:
@@ -84,6 +86,42 @@ def _centroids(packed, CB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.cons
     return c
 
 
+def _prmt_asm(bits: int) -> str:
+    """PTX of `_centroids_prmt`: $8 is a word of 8 codes, $9..$16 the table, $0..$7 the fp16
+    outputs. Each 16-bit half of the word (4 codes) goes through the same steps."""
+    if bits == 4:  # selectors h & 0x7777 into both table halves, bit 3 of each code picks one
+        regs = ".reg .b32 a, m, s, la, lb, ha, hb, lo, hi, p0, p1, h;"
+        lookup = [
+            "shl.b32 a, h, 4;",
+            "prmt.b32 m, a, h, 0xD9C8;",
+            "and.b32 s, h, 0x7777;",
+            "prmt.b32 la, $9, $10, s;",
+            "prmt.b32 lb, $11, $12, s;",
+            "prmt.b32 ha, $13, $14, s;",
+            "prmt.b32 hb, $15, $16, s;",
+            "lop3.b32 lo, la, lb, m, 0xD8;",
+            "lop3.b32 hi, ha, hb, m, 0xD8;",
+        ]
+        halves = (["mov.b32 h, $8;"], ["shr.u32 h, $8, 16;"])
+    else:  # 3-bit codes spread to nibbles; one table half
+        regs = ".reg .b32 h, s, x, lo, hi, p0, p1;"
+        lookup = ["and.b32 s, h, 7;"]
+        for i in (1, 2, 3):
+            lookup += [f"shr.u32 x, h, {3 * i};", f"bfi.b32 s, x, s, {4 * i}, 3;"]
+        lookup += ["prmt.b32 lo, $9, $10, s;", "prmt.b32 hi, $13, $14, s;"]
+        halves = (["and.b32 h, $8, 0xFFF;"], ["shr.u32 h, $8, 12;", "and.b32 h, h, 0xFFF;"])
+    body = [regs]
+    for half, outs in zip(halves, (("$0", "$4", "$2", "$6"), ("$1", "$5", "$3", "$7"))):
+        body += half + lookup
+        body += ["prmt.b32 p0, lo, hi, 0x5140;", "prmt.b32 p1, lo, hi, 0x7362;"]
+        body += [f"mov.b32 {{{outs[0]}, {outs[1]}}}, p0;", f"mov.b32 {{{outs[2]}, {outs[3]}}}, p1;"]
+    return "{\n" + "\n".join(body) + "\n}"
+
+
+_PRMT_ASM4 = tl.constexpr(_prmt_asm(4))
+_PRMT_ASM3 = tl.constexpr(_prmt_asm(3))
+
+
 @triton.jit
 def _centroids_prmt(words, TAB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
     """[BLOCK_N, D/8] int32 words of 8 codes (code i at bits BITS*i) -> [BLOCK_N, D] fp16.
@@ -105,80 +143,12 @@ def _centroids_prmt(words, TAB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl
     t5 = tl.load(TAB + 5)
     t6 = tl.load(TAB + 6)
     t7 = tl.load(TAB + 7)
-    if BITS == 4:
-        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
-            """{
-            .reg .b32 a, m, s, la, lb, ha, hb, lo, hi, p0, p1, w;
-            shl.b32 a, $8, 4;
-            prmt.b32 m, a, $8, 0xD9C8;
-            and.b32 s, $8, 0x7777;
-            prmt.b32 la, $9, $10, s;
-            prmt.b32 lb, $11, $12, s;
-            prmt.b32 ha, $13, $14, s;
-            prmt.b32 hb, $15, $16, s;
-            lop3.b32 lo, la, lb, m, 0xD8;
-            lop3.b32 hi, ha, hb, m, 0xD8;
-            prmt.b32 p0, lo, hi, 0x5140;
-            prmt.b32 p1, lo, hi, 0x7362;
-            mov.b32 {$0, $4}, p0;
-            mov.b32 {$2, $6}, p1;
-            shr.u32 w, $8, 16;
-            shl.b32 a, w, 4;
-            prmt.b32 m, a, w, 0xD9C8;
-            and.b32 s, w, 0x7777;
-            prmt.b32 la, $9, $10, s;
-            prmt.b32 lb, $11, $12, s;
-            prmt.b32 ha, $13, $14, s;
-            prmt.b32 hb, $15, $16, s;
-            lop3.b32 lo, la, lb, m, 0xD8;
-            lop3.b32 hi, ha, hb, m, 0xD8;
-            prmt.b32 p0, lo, hi, 0x5140;
-            prmt.b32 p1, lo, hi, 0x7362;
-            mov.b32 {$1, $5}, p0;
-            mov.b32 {$3, $7}, p1;
-            }""",
-            "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r,r,r,r,r", [words, t0, t1, t2, t3, t4, t5, t6, t7],
-            dtype=(tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16),
-            is_pure=True, pack=1,
-        )  # fmt: skip
-    else:
-        o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
-            """{
-            .reg .b32 t, s, x, la, ha, p0, p1;
-            and.b32 t, $8, 0xFFF;
-            and.b32 s, t, 7;
-            shr.u32 x, t, 3;
-            bfi.b32 s, x, s, 4, 3;
-            shr.u32 x, t, 6;
-            bfi.b32 s, x, s, 8, 3;
-            shr.u32 x, t, 9;
-            bfi.b32 s, x, s, 12, 3;
-            prmt.b32 la, $9, $10, s;
-            prmt.b32 ha, $13, $14, s;
-            prmt.b32 p0, la, ha, 0x5140;
-            prmt.b32 p1, la, ha, 0x7362;
-            mov.b32 {$0, $4}, p0;
-            mov.b32 {$2, $6}, p1;
-            shr.u32 t, $8, 12;
-            and.b32 t, t, 0xFFF;
-            and.b32 s, t, 7;
-            shr.u32 x, t, 3;
-            bfi.b32 s, x, s, 4, 3;
-            shr.u32 x, t, 6;
-            bfi.b32 s, x, s, 8, 3;
-            shr.u32 x, t, 9;
-            bfi.b32 s, x, s, 12, 3;
-            prmt.b32 la, $9, $10, s;
-            prmt.b32 ha, $13, $14, s;
-            prmt.b32 p0, la, ha, 0x5140;
-            prmt.b32 p1, la, ha, 0x7362;
-            mov.b32 {$1, $5}, p0;
-            mov.b32 {$3, $7}, p1;
-            }""",
-            "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r,r,r,r,r", [words, t0, t1, t2, t3, t4, t5, t6, t7],
-            dtype=(tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16),
-            is_pure=True, pack=1,
-        )  # fmt: skip
+    o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+        _PRMT_ASM4 if BITS == 4 else _PRMT_ASM3,
+        "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r,r,r,r,r", [words, t0, t1, t2, t3, t4, t5, t6, t7],
+        dtype=(tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16),
+        is_pure=True, pack=1,
+    )  # fmt: skip
     c = tl.join(tl.join(tl.join(o0, o1), tl.join(o2, o3)), tl.join(tl.join(o4, o5), tl.join(o6, o7)))
     return tl.reshape(c, [BLOCK_N, D])
 
@@ -485,6 +455,7 @@ def choose_num_splits(
     lo, hi = programs_per_sm
     sms = _sm_count(torch.device(device) if device is not None else torch.device("cpu"))
     rows = batch * n_kv_heads
+
     def per_row(programs):  # splits that put `programs` programs on every SM
         return max(1, (programs * sms + rows // 2) // rows) if nearest else triton.cdiv(programs * sms, rows)
 
@@ -538,7 +509,6 @@ class DecodeWorkspace:
         if key not in self.codebooks:
             self.codebooks[key] = prmt_table(codebook)
         return self.codebooks[key]
-
 
     @classmethod
     def for_cache(cls, mode: str, q: torch.Tensor, n_kv_heads: int, capacity: int, num_splits=None, block_n=None):
