@@ -37,13 +37,16 @@ from kvbench.kernels.quantize import (
     INT8,
     TURBO4,
     _wht,
+    buffer_layout,
     device_int,
     rotate,
     wht_params,
 )
-from kvbench.kernels.reference import FORMATS, token_major_stride
+from kvbench.kernels.reference import FORMATS
 
 LOG2E = 1.4426950408889634
+# whether triton.jit made the kernels below interpreted (it reads TRITON_INTERPRET when they are defined)
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
@@ -543,8 +546,7 @@ def lut_path(device: torch.device, lut: str | None = None) -> str:
     """How turbo kernels turn codes into centroids: "prmt" (byte permutes in registers,
     compiled kernels only: the Triton interpreter runs no inline PTX) or "gather"."""
     if lut is None:
-        interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-        lut = "prmt" if device.type == "cuda" and not interpreted else "gather"
+        lut = "prmt" if device.type == "cuda" and not _INTERPRETED else "gather"
     if lut not in ("prmt", "gather"):
         raise ValueError(f"lut must be 'prmt' or 'gather', got {lut!r}")
     return lut
@@ -557,9 +559,7 @@ def _check_args(mode, q, k_new, v_new, out, buffers, ws):
     if any(x.stride(-1) != 1 for x in (q, k_new, v_new, out)):
         raise ValueError("decode_attention needs q, k_new, v_new and out with a contiguous last dim")
     for key, buf in buffers.items():
-        token_major = key == "v" and FORMATS[mode][1] == "int8" and token_major_stride(buf) is not None
-        if not (buf.is_contiguous() or token_major):
-            raise ValueError(f"decode_attention needs contiguous cache buffers [B, H, capacity, ...] ({key!r} is not)")
+        buffer_layout("decode_attention", key, FORMATS[mode][1], buf)
     planes = 2 if FORMATS[mode][1] == "delegated" else 1
     if ws.acc.shape[0] < planes or ws.acc.shape[1:] != (b, hq, ws.num_splits, dim):
         raise ValueError(f"workspace of shape {tuple(ws.acc.shape)} does not fit q {tuple(q.shape)} in mode {mode}")
@@ -635,7 +635,7 @@ def decode_attention(
     qk_scale = sm_scale * LOG2E
     precision = "ieee" if torch.float32 in (q.dtype, k.dtype, v.dtype) else "tf32"
 
-    v_stride = token_major_stride(v) if vf == "int8" and not v.is_contiguous() else None
+    v_stride = buffer_layout("decode_attention", "v", vf, v)
 
     s = workspace.num_splits
     _decode_split_kernel[(b * hkv, s)](

@@ -196,6 +196,18 @@ def wht_params(dim: int) -> dict:
     return {"A": 1 << (dim.bit_length() - 1) // 2, "INV_SQRT_D": 1.0 / math.sqrt(dim)}
 
 
+def buffer_layout(kernel: str, key: str, fmt: str, buf: torch.Tensor) -> int | None:
+    """How the kernels index cache buffer `key` (of storage format `fmt`): None for a
+    contiguous [B, H, cap, W]; P for int8 V stored token-major (`reference.token_major`,
+    storage [B, H, D, P]); anything else is refused."""
+    if buf.is_contiguous():
+        return None
+    stride = token_major_stride(buf) if key == "v" and fmt == "int8" else None
+    if stride is None:
+        raise ValueError(f"{kernel} needs contiguous cache buffers [B, H, capacity, ...] ({key!r} is not)")
+    return stride
+
+
 def device_int(x: torch.Tensor | int, device: torch.device) -> torch.Tensor:
     """A device int32 [1] tensor (pass one to keep launches allocation-free)."""
     if isinstance(x, torch.Tensor):
@@ -268,10 +280,8 @@ def write_kv(
     for x in (k_new, v_new):
         if x.stride(-1) != 1:
             raise ValueError("write_kv needs k_new / v_new with a contiguous last dim")
-    for key, buf in (("k", dk), ("v", dv)):
-        if not buf.is_contiguous() and not (key == "v" and vf == "int8" and token_major_stride(buf)):
-            raise ValueError(f"write_kv needs contiguous cache buffers [B, H, capacity, ...] ({key!r} is not)")
-    v_stride = token_major_stride(dv) if vf == "int8" and not dv.is_contiguous() else None
+    buffer_layout("write_kv", "k", kf, dk)
+    v_stride = buffer_layout("write_kv", "v", vf, dv)
     n_rows = b * h * t
     turbo = any(f.startswith("turbo") for f in (kf, vf))
     wht = wht_params(dim) if turbo else {"A": 1, "INV_SQRT_D": 1.0}
