@@ -31,7 +31,14 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvbench.kernels import reference as ref
-from kvbench.kernels.decode_attention import DecodeWorkspace, choose_num_splits, decode_attention, default_config
+from kvbench.kernels.decode_attention import (
+    DecodeWorkspace,
+    _decode_split_kernel,
+    choose_num_splits,
+    decode_attention,
+    default_config,
+    launch_stages,
+)
 from kvbench.kernels.quantize import write_kv
 
 HQ, HKV, D = 32, 8, 128
@@ -201,6 +208,27 @@ def time_graph(calls, reps=15):
     return statistics.median(times)
 
 
+def compiled_split_kernels():
+    """{id: compiled kernel} of every variant of the split kernel compiled so far."""
+    try:
+        return {id(k): k for entry in _decode_split_kernel.device_caches.values() for k in entry[0].values()}
+    except (AttributeError, IndexError, TypeError):  # another triton's cache layout: no resource report
+        return {}
+
+
+RESOURCES = {}  # (mode, config) -> "regs=.. spills=.. smem=.." of its split kernel
+
+
+def resources(kernels):
+    """Registers per thread, spilled registers and shared memory of the first of `kernels`."""
+    for k in kernels:
+        try:
+            return f"regs={k.n_regs} spills={k.n_spills} smem={k.metadata.shared // 1024}K"
+        except AttributeError:
+            return ""
+    return ""
+
+
 def copies_for(nbytes):
     return max(1, min(16, math.ceil(4 * L2_BYTES / nbytes)))
 
@@ -231,6 +259,9 @@ def bench_mode(name, b, length, dtype, device, cod, configs):
     for cfg in configs:
         ws = DecodeWorkspace.for_cache(mode, q, HKV, length, cfg["num_splits"], cfg["block_n"])
         tune = {k: v for k, v in cfg.items() if k not in ("num_splits", "nearest")}
+        if tune["num_stages"] is None:  # the launcher's rule, resolved here to be printed
+            base = {**default_config(mode), "block_n": cfg["block_n"]}
+            tune["num_stages"] = launch_stages(base, b * HKV * ws.num_splits, math.ceil(length / ws.num_splits), device)
 
         def call(bufs, ws=ws, tune=tune):
             return lambda: decode_attention(
@@ -249,7 +280,12 @@ def bench_mode(name, b, length, dtype, device, cod, configs):
                 **tune,
             )
 
-        results.append(({**cfg, "num_splits": ws.num_splits}, time_graph([call(c) for c in caches])))
+        before = compiled_split_kernels()
+        results.append(({**cfg, **tune, "num_splits": ws.num_splits}, time_graph([call(c) for c in caches])))
+        key = (name, tuple(sorted(tune.items())))
+        if key not in RESOURCES:
+            RESOURCES[key] = resources(k for i, k in compiled_split_kernels().items() if i not in before)
+        results[-1][0]["resources"] = RESOURCES[key]
     return results, nbytes
 
 
@@ -271,6 +307,23 @@ def bench_write(mode, b, dtype, device, cod, **tune):
     return time_graph([lambda: write_kv(mode, kn, vn, bufs, slot, cold_length=cold, **kw, **tune)] * 20)
 
 
+def tuning_grid(grid, splits):
+    """Launch configs to sweep around the default split count. "default": splits / 2, x1, x2
+    x BLOCK_N 64/128 x 4/8 warps x 2/3 stages. "wide" adds small programs (1-2 warps, 32-64
+    token blocks) and up to 4x the splits: more, lighter programs per SM, whose reductions
+    stay inside a warp."""
+    if grid == "default":
+        shapes = [(n, w) for n in (64, 128) for w in (4, 8)]
+        counts = (max(1, splits // 2), splits, 2 * splits)
+    else:
+        shapes = [(32, 1), (64, 1), (64, 2), (128, 2), (128, 4), (128, 8)]
+        counts = (splits, 2 * splits, 4 * splits)
+    return [
+        {"num_splits": s, "block_n": n, "num_warps": w, "num_stages": st}
+        for s, (n, w), st in itertools.product(sorted(set(counts)), shapes, (2, 3))
+    ]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tune", action="store_true", help="sweep num_splits x BLOCK_N x num_warps x num_stages")
@@ -279,6 +332,7 @@ def main():
         default=",".join(ref.MODES),
         help="comma list of modes (int8-rowmajor: int8 with V stored [B, H, cap, D])",
     )
+    ap.add_argument("--grid", choices=("default", "wide"), default="default", help="the --tune sweep (see tuning_grid)")
     ap.add_argument("--shapes", default=",".join(f"{b}x{n}" for b, n in SHAPES), help="comma list of BATCHxCONTEXT")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--once", action="store_true", help="one plain call per mode and shape (for a profiler), no timing")
@@ -313,14 +367,12 @@ def main():
         for mode in modes:
             cfg = default_config(kernel_mode(mode)[0])
             pps, nearest = cfg.pop("programs_per_sm"), cfg.pop("nearest", False)
+            cfg.pop("deep_stages", None)
+            cfg["num_stages"] = None  # as the launcher picks it (launch_stages)
             default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, pps, nearest)
             configs = [{"num_splits": None, **cfg}]
             if args.tune:
-                splits = sorted({max(1, default_splits // 2), default_splits, 2 * default_splits})
-                configs += [
-                    {"num_splits": s, "block_n": n, "num_warps": w, "num_stages": st}
-                    for s, n, w, st in itertools.product(splits, (64, 128), (4, 8), (2, 3))
-                ]
+                configs += tuning_grid(args.grid, default_splits)
             try:
                 results, nbytes = bench_mode(mode, b, length, dtype, device, cod, configs)
             except Exception as exc:  # keep timing the other modes; report the failure
@@ -330,12 +382,15 @@ def main():
             for label, c, t in [("default", cfg0, us0)] + ([("tuned", cfg, us)] if args.tune else []):
                 rows.append({"batch": b, "context": length, "kernel": mode if label == "default" else f"{mode} (tuned)",
                              "us": t, "kv_bytes": nbytes, **c})  # fmt: skip
-                cfg_s = " ".join(f"{k}={v}" for k, v in c.items())
+                cfg_s = " ".join(f"{k}={v}" for k, v in c.items() if k != "resources") + f"  {c['resources']}"
                 name = mode if label == "default" else "  tuned"
                 print(f"{b:5} {length:7} {name:17} {t:8.1f} {nbytes / t / 1e6:6.2f} {sdpa_us / t:7.2f}  {cfg_s}")
             if args.tune:  # splits/BLOCK_N/warps/stages of the five fastest
                 top = sorted(results[1:], key=lambda r: r[1])[:5]
-                print("        top 5:", "; ".join(f"{'/'.join(str(v) for v in c.values())} {t:.1f}" for c, t in top))
+                print(
+                    "        top 5:",
+                    "; ".join(f"{'/'.join(str(v) for k, v in c.items() if k != 'resources')} {t:.1f}" for c, t in top),
+                )
     print("\n== quantize-on-write of one decode token (K and V, all heads), one layer ==")
     for b in sorted({b for b, _ in shapes}):
         line = "  ".join(

@@ -25,6 +25,9 @@
 #      int8 layouts with the tuning sweep, the benchmark on one GPU, the kernel tests
 #   G (carry .gpu/whl, after F): the prmt lookup for turbo codes and int8's retuned splits:
 #      kernel tests, attention alone (prmt and gather side by side), the benchmark
+#   H (no carry; 2026-12-01): 3-bit codes loaded as words; every quantized mode's attention
+#      swept over the wide launch grid (small programs, more splits)
+#   I (carry .gpu/whl, after H): the defaults chosen from H: kernel tests, attention alone, the benchmark
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -130,6 +133,18 @@ G)  # prmt codebook lookup for the turbo kernels, int8 splits retuned: kernel te
   timeout ${G_TIMEOUT:-230} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench > $OUT/G-bench.log 2>&1; echo "bench rc=$?"
   tail -3 $OUT/G-bench.log
   (cd $OUT && tar czf all.tgz bench kernels.txt kernels.csv G-bench.log gpu-kernel-tests.txt) ;;
+H)  # launch sweep after the 3-bit word loads: attention alone, every quantized mode, the wide grid
+  timeout ${KT_TIMEOUT:-540} python3 scripts/bench_kernels.py --tune --grid wide \
+    --modes int8,turbo4-asym,turbo3-asym,turbo4,turbo4-delegated 2>&1 | tee $OUT/kernels-wide.txt | grep -v "top 5"
+  echo "kernels rc=$?" ;;
+I)  # the launch defaults chosen from H: kernel tests, attention alone at the defaults, the benchmark
+  wheels; TEST_TIMEOUT=${TEST_TIMEOUT:-170} step ktests
+  timeout ${KB_TIMEOUT:-100} python3 scripts/bench_kernels.py --no-check > $OUT/kernels.txt 2>&1; echo "kernels rc=$?"
+  grep -v "^batch\|turbo4 write" $OUT/kernels.txt | tail -24
+  S="--model dummy:llama-3.1-8b --modes all --no-fallback --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --quiet"
+  timeout ${I_TIMEOUT:-260} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench > $OUT/I-bench.log 2>&1; echo "bench rc=$?"
+  tail -3 $OUT/I-bench.log
+  (cd $OUT && tar czf all.tgz bench kernels.txt kernels.csv I-bench.log gpu-kernel-tests.txt) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -138,6 +153,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

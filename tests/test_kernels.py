@@ -26,7 +26,15 @@ import pytest
 import torch
 
 from kvbench.kernels import reference as ref
-from kvbench.kernels.decode_attention import DecodeWorkspace, choose_num_splits, decode_attention, lut_path, prmt_table
+from kvbench.kernels.decode_attention import (
+    DecodeWorkspace,
+    choose_num_splits,
+    decode_attention,
+    default_config,
+    launch_stages,
+    lut_path,
+    prmt_table,
+)
 from kvbench.kernels.quantize import rotate, write_kv
 
 F16, F32, BF16 = torch.float16, torch.float32, torch.bfloat16
@@ -142,6 +150,7 @@ DECODE_CASES = [
     (1, 2, 7, 128, 300, 320, F16, 5),
     (2, 1, 4, 64, 300, 333, F16, None),
     (1, 1, 16, 32, 70, 128, F32, 16),  # more splits than blocks: most are empty
+    (1, 2, 2, 16, 45, 60, F16, 2),  # D = 16: 3-bit rows of 6 bytes are not word-aligned (byte loads)
 ]
 if GPU:  # compiled kernels only: bf16, and the shapes of the audit's default model and of Llama-3.1-8B
     DECODE_CASES += [
@@ -236,6 +245,17 @@ def test_choose_num_splits():
     # int8's rule: ~2 programs per SM, rounded to the nearest count of splits
     assert choose_num_splits(16, 8, 32768, programs_per_sm=(2, 2), nearest=True) == 2
     assert choose_num_splits(1, 8, 32768, programs_per_sm=(2, 2), nearest=True) == 33
+    assert choose_num_splits(16, 8, 32768, programs_per_sm=(2, 16)) == 17  # turbo at batch 16: short splits
+
+
+def test_launch_stages():
+    """A third pipeline stage only while the grid has <= 2 programs per SM and splits of >= 4 blocks."""
+    cfg = default_config("turbo4-asym")
+    assert launch_stages(cfg, 8 * 33, 993) == 3  # batch 1, 32K (132 SMs, also on CPU)
+    assert launch_stages(cfg, 8 * 32, 256) == 2  # batch 1, 8K: two blocks per split
+    assert launch_stages(cfg, 128 * 17, 1928) == 2  # batch 16: programs wait in waves, occupancy counts
+    assert launch_stages(default_config("int8"), 8 * 33, 993) == 3  # no deep_stages: num_stages as set
+    assert launch_stages(default_config("turbo4"), 8 * 66, 497) == 2
 
 
 @pytest.mark.parametrize("bits", [3, 4])

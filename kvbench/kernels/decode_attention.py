@@ -62,7 +62,20 @@ def _load_packed(CODES, rows, mask, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N
         )
     elif BITS == 4:
         packed = tl.load(CODES + rows[:, None] * NG + g[None, :], mask=mask[:, None], other=0)
-    else:
+    elif D % 32 == 0:  # a row of 3D/8 bytes is 3D/32 aligned words; every 3 words hold 4 groups
+        NS: tl.constexpr = D // 32
+        s = tl.arange(0, NS)
+        words = CODES.to(tl.pointer_type(tl.int32)) + rows[:, None] * (3 * NS) + 3 * s[None, :]
+        w0 = tl.load(words, mask=mask[:, None], other=0)
+        w1 = tl.load(words + 1, mask=mask[:, None], other=0)
+        w2 = tl.load(words + 2, mask=mask[:, None], other=0)
+        g0 = w0 & 0xFFFFFF
+        g1 = ((w0 >> 24) & 0xFF) | ((w1 & 0xFFFF) << 8)
+        g2 = ((w1 >> 16) & 0xFFFF) | ((w2 & 0xFF) << 16)
+        g3 = (w2 >> 8) & 0xFFFFFF
+        # join(join(g0, g2), join(g1, g3))[..., i, j] is group 2i + j of the set
+        packed = tl.reshape(tl.join(tl.join(g0, g2), tl.join(g1, g3)), [BLOCK_N, NG])
+    else:  # D = 8 or 16: rows are not word-aligned; byte by byte
         packed = tl.zeros([BLOCK_N, NG], dtype=tl.int32)
         for k in tl.static_range(3):
             byte = tl.load(CODES + rows[:, None] * (NG * 3) + (g * 3 + k)[None, :], mask=mask[:, None], other=0)
@@ -468,19 +481,36 @@ def choose_num_splits(
 
 def default_config(mode: str) -> dict:
     """Launch defaults per mode, from sweeps on an H200 (Hq=32, Hkv=8, D=128, bf16; B=1 at
-    8K and 32K, B=16 at 32K; see scripts/bench_kernels.py --tune). fp16 streams best with
-    ~1 program per SM; the quantized formats want 2-4 to hide their unpacking;
-    delegated (two loops) and turbo K lose occupancy with a third pipeline stage."""
+    8K and 32K, B=16 at 32K; see scripts/bench_kernels.py --tune [--grid wide]). fp16
+    streams best with ~1 program per SM; the quantized formats want 2 or more to hide
+    their unpacking. The turbo kernels, whose programs are limited by registers rather
+    than shared memory, gain from many short splits at batch 16 (up to 16 programs per SM,
+    run in waves: the SMs finish together) and, at batch 1, from a third pipeline stage
+    (`deep_stages`: used while the grid leaves room for it, see `launch_stages`)."""
     cfg = {"block_n": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": (2, 4)}
     if mode == "fp16":
         cfg["programs_per_sm"] = (1, 1)
     elif mode == "int8":  # token-major V: ~2 programs per SM at batch 1 and 16 (2026-11-30 sweep)
         cfg.update(programs_per_sm=(2, 2), nearest=True)
-    elif mode == "turbo4":
-        cfg.update(block_n=64, num_stages=2)
+    elif mode == "turbo4":  # K and V decoded: small programs (2026-12-01 wide sweep)
+        cfg.update(block_n=64, num_warps=2, num_stages=2, programs_per_sm=(4, 16))
+    elif mode == "turbo4-delegated":
+        cfg.update(block_n=64, num_warps=2, num_stages=3, programs_per_sm=(2, 16))
     elif mode.startswith("turbo"):
-        cfg["num_stages"] = 2
+        cfg.update(num_stages=2, deep_stages=3, programs_per_sm=(2, 16))
     return cfg
+
+
+def launch_stages(cfg: dict, programs: int, tokens_per_split: int, device=None) -> int:
+    """Pipeline stages for a launch: `deep_stages` when the grid has at most 2 programs per
+    SM (so the extra stage's shared memory costs no occupancy) and each split spans at
+    least 4 blocks (so the pipeline fills), else `num_stages`. On the H200, turbo4-asym at
+    batch 1 and 32K: 38.8 vs 40.9 us; at 8K (2 blocks per split) the third stage lost."""
+    deep = cfg.get("deep_stages")
+    sms = _sm_count(torch.device(device) if device is not None else torch.device("cpu"))
+    if deep and programs <= 2 * sms and tokens_per_split >= 4 * cfg["block_n"]:
+        return deep
+    return cfg["num_stages"]
 
 
 class DecodeWorkspace:
@@ -604,7 +634,6 @@ def decode_attention(
     cfg = default_config(mode)
     block_n = block_n or cfg["block_n"]
     num_warps = num_warps or cfg["num_warps"]
-    num_stages = num_stages or cfg["num_stages"]
     kf, vf = FORMATS[mode]
     b, hq, dim = q.shape
     dev = q.device
@@ -638,6 +667,7 @@ def decode_attention(
     v_stride = buffer_layout("decode_attention", "v", vf, v)
 
     s = workspace.num_splits
+    num_stages = num_stages or launch_stages({**cfg, "block_n": block_n}, b * hkv * s, triton.cdiv(cap, s), dev)
     _decode_split_kernel[(b * hkv, s)](
         q_score, k, ks, v, vs, vh, cbk, cbv, length, cold, workspace.m, workspace.l, workspace.acc,
         q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
