@@ -28,6 +28,8 @@
 #   H (no carry; 2026-12-01): 3-bit codes loaded as words; every quantized mode's attention
 #      swept over the wide launch grid (small programs, more splits)
 #   I (carry .gpu/whl, after H): the defaults chosen from H: kernel tests, attention alone, the benchmark
+#   J (carry .gpu/m0 .gpu/whl): quantize-on-write beside the attention: kernel and engine tests, the
+#      benchmark; then D on the same machine
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -61,7 +63,7 @@ step() {
       --contexts 2k,8k,32k --out $OUT/audit-raw-turbo4 --quiet ;;
   ktests)
     KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
-      tests/test_kernels.py > $OUT/gpu-kernel-tests.txt 2>&1; tail -5 $OUT/gpu-kernel-tests.txt ;;
+      tests/test_kernels.py tests/test_fast_decode.py > $OUT/gpu-kernel-tests.txt 2>&1; tail -5 $OUT/gpu-kernel-tests.txt ;;
   peers-audit)
     timeout ${PEERS_AUDIT_TIMEOUT:-200} python3 -m kvbench audit --model $G --modes fp16,int8,turbo4-asym,hf:all \
       --contexts 2k,8k,32k --gen-tokens 32 --out $OUT/peers --quiet ;;
@@ -145,6 +147,13 @@ I)  # the launch defaults chosen from H: kernel tests, attention alone at the de
   timeout ${I_TIMEOUT:-260} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench > $OUT/I-bench.log 2>&1; echo "bench rc=$?"
   tail -3 $OUT/I-bench.log
   (cd $OUT && tar czf all.tgz bench kernels.txt kernels.csv I-bench.log gpu-kernel-tests.txt) ;;
+J)  # the write beside the attention (side stream): kernel + engine tests on the GPU, the benchmark;
+    # also stages the model's first half for D
+  cp .gpu/m0/* $M/ && wheels; TEST_TIMEOUT=${TEST_TIMEOUT:-200} step ktests
+  S="--model dummy:llama-3.1-8b --modes all --no-fallback --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --quiet"
+  timeout ${J_TIMEOUT:-260} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench > $OUT/J-bench.log 2>&1; echo "bench rc=$?"
+  tail -3 $OUT/J-bench.log
+  (cd $OUT && tar czf all.tgz bench J-bench.log gpu-kernel-tests.txt) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -153,6 +162,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

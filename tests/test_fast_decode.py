@@ -1,5 +1,9 @@
 """The GPU decode engine (fused Triton kernels; on CPU through the Triton
-interpreter, without CUDA graphs) against the reference path, for every mode."""
+interpreter, without CUDA graphs) against the reference path, for every mode.
+`KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0` runs it on a GPU, with CUDA graphs and
+the write beside the attention on a side stream."""
+
+import os
 
 import pytest
 import torch
@@ -10,10 +14,12 @@ from kvbench.kernels.reference import unpack_codes
 from kvbench.kv import build_caches, mode_names
 from kvbench.kv.turbo_modes import Turbo4DelegatedCache
 
+DEVICE = os.environ.get("KVBENCH_TEST_DEVICE", "cpu")
+
 
 @pytest.fixture(scope="module")
 def tiny():
-    lm = load_model("dummy:tiny", dtype=torch.float32)
+    lm = load_model("dummy:tiny", dtype=torch.float32, device=DEVICE)
     with torch.no_grad():  # sharper than the dummy init, so logits have spread
         g = torch.Generator().manual_seed(1)
         for name, p in lm.model.named_parameters():
@@ -31,13 +37,13 @@ def run(lm, mode, fused, ids, forced, cap=None):
         n_kv_heads=a.n_kv_heads,
         head_dim=a.head_dim,
         dtype=torch.float32,
-        device="cpu",
+        device=DEVICE,
         capacity=ids.shape[1] + forced.shape[1] + 1,
         kernel="triton" if fused else "reference",
         boundary_v=1,
     )
     first = prefill(lm.model, ids, caches, 16, cap)
-    step = make_stepper(lm.model, caches, cap, fused=fused, cuda_graphs=False)
+    step = make_stepper(lm.model, caches, cap, fused=fused, cuda_graphs=DEVICE != "cpu")
     return teacher_forced(lm.model, first, caches, forced, cap, step=step), caches
 
 
@@ -65,8 +71,8 @@ def test_fused_decode_matches_reference(tiny, mode, seed, monkeypatch):
     # a small hot window so the delegated fold happens within a short test
     monkeypatch.setattr(Turbo4DelegatedCache, "HOT_MAX", 16)
     monkeypatch.setattr(Turbo4DelegatedCache, "FOLD", 8)
-    ids = torch.randint(0, 512, (2, 29))
-    forced = torch.randint(0, 512, (2, 30))
+    ids = torch.randint(0, 512, (2, 29), device=DEVICE)
+    forced = torch.randint(0, 512, (2, 30), device=DEVICE)
     ref, ref_caches = run(tiny, mode, False, ids, forced)
     got, caches = run(tiny, mode, True, ids, forced)
     assert caches[0].offset == ref_caches[0].offset == 29 + 29
@@ -99,8 +105,8 @@ def test_fused_decode_matches_reference(tiny, mode, seed, monkeypatch):
 
 def test_fused_decode_with_kv_cap(tiny, seed):
     """Trims between fused steps (sinks kept) follow the reference path."""
-    ids = torch.randint(0, 512, (1, 40))
-    forced = torch.randint(0, 512, (1, 12))
+    ids = torch.randint(0, 512, (1, 40), device=DEVICE)
+    forced = torch.randint(0, 512, (1, 12), device=DEVICE)
     cap = KVCap(24, 4)
     ref, _ = run(tiny, "int8", False, ids, forced, cap)
     got, caches = run(tiny, "int8", True, ids, forced, cap)

@@ -164,6 +164,10 @@ if GPU:  # compiled kernels only: bf16, and the shapes of the audit's default mo
 @pytest.mark.parametrize("mode", ref.MODES)
 def test_decode_attention(mode, case, seed):
     b, hkv, group, dim, length, cap, dtype, splits = case
+    if GPU and mode == "int8" and dim < 32:  # compiled int8 dots reduce over >= 32 values
+        with pytest.raises(ValueError, match="head_dim >= 32"):
+            run_decode(mode, b, hkv, group, dim, length, cap, dtype, splits)
+        return
     out, expected = run_decode(mode, b, hkv, group, dim, length, cap, dtype, splits)
     assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
     err = max_rel(out, expected)

@@ -529,6 +529,14 @@ class DecodeWorkspace:
         self.acc = torch.empty(1 + two_planes, batch, n_q_heads, num_splits, head_dim, **f32)
         self.q_rot = torch.empty(batch, n_q_heads, head_dim, **f32)
         self.codebooks: dict[str, torch.Tensor] = {}
+        self._side = None
+
+    def side_stream(self) -> torch.cuda.Stream:
+        """A second CUDA stream, made at the first call, on which the engine runs each
+        layer's quantize-on-write beside its attention (see `KVCache.fused_decode`)."""
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.acc.device)
+        return self._side
 
     def codebook(self, side: str, codebook: torch.Tensor) -> torch.Tensor:
         """The fp16 copy of a side's codebook, made at the first call (a workspace serves one codec)."""
@@ -590,6 +598,8 @@ def _check_args(mode, q, k_new, v_new, out, buffers, ws):
         raise ValueError("decode_attention needs q, k_new, v_new and out with a contiguous last dim")
     for key, buf in buffers.items():
         buffer_layout("decode_attention", key, FORMATS[mode][1], buf)
+    if FORMATS[mode][0] == "int8" and dim < 32 and q.is_cuda and not _INTERPRETED:
+        raise ValueError(f"the int8 decode kernel needs head_dim >= 32 (int8 tensor-core dots), got {dim}")
     planes = 2 if FORMATS[mode][1] == "delegated" else 1
     if ws.acc.shape[0] < planes or ws.acc.shape[1:] != (b, hq, ws.num_splits, dim):
         raise ValueError(f"workspace of shape {tuple(ws.acc.shape)} does not fit q {tuple(q.shape)} in mode {mode}")
