@@ -28,8 +28,9 @@
 #   H (no carry; 2026-12-01): 3-bit codes loaded as words; every quantized mode's attention
 #      swept over the wide launch grid (small programs, more splits)
 #   I (carry .gpu/whl, after H): the defaults chosen from H: kernel tests, attention alone, the benchmark
-#   J (carry .gpu/m0 .gpu/whl): quantize-on-write beside the attention: kernel and engine tests, the
-#      benchmark; then D on the same machine
+#   J (carry .gpu/m0 .gpu/whl): quantize-on-write beside the attention (side stream; slower, reverted):
+#      kernel and engine tests, the benchmark; then D on the same machine
+#   L (carry .gpu/whl): the committed code after J's revert: kernel and engine tests, the benchmark
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -154,6 +155,12 @@ J)  # the write beside the attention (side stream): kernel + engine tests on the
   timeout ${J_TIMEOUT:-260} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench > $OUT/J-bench.log 2>&1; echo "bench rc=$?"
   tail -3 $OUT/J-bench.log
   (cd $OUT && tar czf all.tgz bench J-bench.log gpu-kernel-tests.txt) ;;
+L)  # the final code of 2026-12-01: kernel and engine tests on the GPU, the benchmark
+  wheels; TEST_TIMEOUT=${TEST_TIMEOUT:-200} step ktests
+  S="--model dummy:llama-3.1-8b --modes all --no-fallback --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --quiet"
+  timeout ${L_TIMEOUT:-260} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench > $OUT/L-bench.log 2>&1; echo "bench rc=$?"
+  tail -3 $OUT/L-bench.log
+  (cd $OUT && tar czf all.tgz bench L-bench.log gpu-kernel-tests.txt) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -162,6 +169,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

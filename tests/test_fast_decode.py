@@ -1,7 +1,6 @@
 """The GPU decode engine (fused Triton kernels; on CPU through the Triton
 interpreter, without CUDA graphs) against the reference path, for every mode.
-`KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0` runs it on a GPU, with CUDA graphs and
-the write beside the attention on a side stream."""
+`KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0` runs it on a GPU, with CUDA graphs."""
 
 import os
 

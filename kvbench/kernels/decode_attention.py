@@ -529,14 +529,6 @@ class DecodeWorkspace:
         self.acc = torch.empty(1 + two_planes, batch, n_q_heads, num_splits, head_dim, **f32)
         self.q_rot = torch.empty(batch, n_q_heads, head_dim, **f32)
         self.codebooks: dict[str, torch.Tensor] = {}
-        self._side = None
-
-    def side_stream(self) -> torch.cuda.Stream:
-        """A second CUDA stream, made at the first call, on which the engine runs each
-        layer's quantize-on-write beside its attention (see `KVCache.fused_decode`)."""
-        if self._side is None:
-            self._side = torch.cuda.Stream(self.acc.device)
-        return self._side
 
     def codebook(self, side: str, codebook: torch.Tensor) -> torch.Tensor:
         """The fp16 copy of a side's codebook, made at the first call (a workspace serves one codec)."""
