@@ -324,6 +324,45 @@ def tuning_grid(grid, splits):
     ]
 
 
+def profile_parts(mode, b, length, dtype, device, cod, reps=10):
+    """Mean GPU time of each kernel of one layer's decode step (split, reduce, query
+    rotation, write) at the launch defaults, from torch.profiler over eager calls that
+    rotate through enough cache copies to miss L2. Launch gaps are not in these times."""
+    kw = mode_kwargs(mode, cod)
+    cold = length - HOT
+    probe = random_cache(mode, b, length, dtype, device)
+    copies = copies_for(kv_bytes(mode, probe, length, cold))
+    caches = [probe] + [random_cache(mode, b, length, dtype, device) for _ in range(copies - 1)]
+    q = torch.randn(b, HQ, D, device=device, dtype=dtype)
+    kn, vn = torch.randn(2, b, HKV, D, device=device, dtype=dtype)
+    out = torch.empty_like(q)
+    ws = DecodeWorkspace.for_cache(mode, q, HKV, length)
+    wbufs = random_cache(mode, b, 4096, dtype, device)
+    slot = torch.tensor([4000], dtype=torch.int32, device=device)
+    wcold = torch.tensor([3900], dtype=torch.int32, device=device)
+
+    def step(bufs):
+        decode_attention(mode, q, kn, vn, bufs, length, 1 / math.sqrt(D), cold_length=cold, out=out, workspace=ws,
+                         **attn_kwargs(kw))  # fmt: skip
+        write_kv(mode, kn, vn, wbufs, slot, cold_length=wcold, **kw)
+
+    for c in caches:
+        step(c)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for c in caches:
+                step(c)
+        torch.cuda.synchronize()
+    parts = {}
+    for e in prof.key_averages():
+        total = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        for part in ("split", "reduce", "rotate", "write"):
+            if f"_{part}" in e.key and e.count:
+                parts[part] = parts.get(part, 0.0) + total / e.count
+    return parts
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tune", action="store_true", help="sweep num_splits x BLOCK_N x num_warps x num_stages")
@@ -336,6 +375,9 @@ def main():
     ap.add_argument("--shapes", default=",".join(f"{b}x{n}" for b, n in SHAPES), help="comma list of BATCHxCONTEXT")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--once", action="store_true", help="one plain call per mode and shape (for a profiler), no timing")
+    ap.add_argument(
+        "--parts", action="store_true", help="GPU time per kernel of a layer's step (torch.profiler), then exit"
+    )
     args = ap.parse_args()
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -354,6 +396,14 @@ def main():
             for _ in range(2):  # the first call compiles
                 decode_attention(mode, q, kn, vn, bufs, length, 1 / math.sqrt(D), cold_length=length - HOT, **kw)
             torch.cuda.synchronize()
+        return
+    if args.parts:
+        print("\n== GPU time per kernel of one layer's decode step, us (torch.profiler; launch gaps not included) ==")
+        print(f"{'batch':>5} {'context':>7} {'mode':17} {'split':>7} {'reduce':>7} {'rotate':>7} {'write':>7}")
+        for (b, length), mode in itertools.product(shapes, modes):
+            p = profile_parts(mode, b, length, dtype, device, cod)
+            cols = " ".join(f"{p[k]:7.2f}" if k in p else f"{'-':>7}" for k in ("split", "reduce", "rotate", "write"))
+            print(f"{b:5} {length:7} {mode:17} {cols}")
         return
     if not args.no_check:
         check(device, cod)
