@@ -11,21 +11,19 @@ Two launches (three for turbo K, which first rotates the query):
      (hi + lo / 254, ~15 bits) so both products are integer tensor-core dots;
    - int8 V: weights w = p * v_scale, split the same way, acc += w @ v_int8;
    - turbo K: scores = k_scale * <q_rot, c[codes]>; turbo V: acc += (p * v_scale) @ c[codes]
-     in the rotated basis (codebook lookup in registers, fp16 tensor-core dot), turned
-     back (s1 * H(s2 * acc)) at the end of the split by two fp16 dots with the +-1
-     Hadamard matrix (`_unrotate`);
+     in the rotated basis (codebook gather in registers, fp16 tensor-core dot);
    - delegated V: cold turbo codes for tokens < C, shared by splits 0..S-2, and hot
      fp16 for tokens >= C (at most ~257 in decode) in the last split, each into its
-     own accumulator plane (cold, hot). No split holds both kinds:
+     own accumulator plane (rotated cold, plain hot). No split holds both kinds:
      on the H200 (triton 3.6) a program that ran a cold and then a hot loop gave
      wrong outputs while the interpreter agreed with the reference.
 2. `_decode_reduce_kernel`: one program per (batch, query head) merges the splits
-   and the fresh token (k_new, v_new used exactly) and writes the output.
+   and the fresh token (k_new, v_new used exactly), inverse-rotates a turbo V
+   accumulator once, and writes the output.
 """
 
 from __future__ import annotations
 
-import math
 import os
 
 import torch
@@ -38,9 +36,11 @@ from kvbench.kernels.quantize import (
     FORMAT_IDS,
     INT8,
     TURBO4,
+    _wht,
     buffer_layout,
     device_int,
     rotate,
+    wht_params,
 )
 from kvbench.kernels.reference import FORMATS
 
@@ -279,23 +279,6 @@ def _attend_range(
 
 
 @triton.jit
-def _unrotate(acc, S1, S2, HAD, D: tl.constexpr, INV_SQRT_D: tl.constexpr):
-    """Rows of acc [M, D] (float32) back from V's rotated basis: s1 * H(s2 * acc), as two fp16
-    tensor-core products with the +-1 Hadamard matrix HAD [D, D]. Each row is scaled to
-    max 1 and split as hi + lo / 2048 (both fp16), so the result keeps ~22 bits. Done
-    here, once per split, the reduction needs no transform (it cost 1.4-7 us a layer)."""
-    d = tl.arange(0, D)
-    had = tl.load(HAD + d[:, None] * D + d[None, :])
-    amax = tl.max(tl.abs(acc), 1)
-    unit = tl.where(amax > 0.0, amax, 1.0)
-    x = acc * (1.0 / unit)[:, None] * tl.load(S2 + d)[None, :]
-    hi = x.to(tl.float16)
-    lo = ((x - hi.to(tl.float32)) * 2048.0).to(tl.float16)
-    y = tl.dot(hi, had) + tl.dot(lo, had) * (1.0 / 2048.0)
-    return y * (unit * INV_SQRT_D)[:, None] * tl.load(S1 + d)[None, :]
-
-
-@triton.jit
 def _decode_split_kernel(
     Q,
     K,
@@ -305,9 +288,6 @@ def _decode_split_kernel(
     VH,
     CBK,
     CBV,
-    S1,
-    S2,
-    HAD,
     LEN,
     COLD,
     WS_M,
@@ -329,7 +309,6 @@ def _decode_split_kernel(
     V_TOKEN_MAJOR: tl.constexpr,
     PRECISION: tl.constexpr,
     PRMT: tl.constexpr,
-    INV_SQRT_D: tl.constexpr,
 ):
     # grid: (B * Hkv, num_splits): one program per (batch, kv head, split of [0, L)), for all G query heads
     bh = tl.program_id(0)
@@ -389,8 +368,6 @@ def _decode_split_kernel(
             row0, row0, v_cap, K_FMT, V_FMT, V_TOKEN_MAJOR, False, D, BLOCK_N, PRECISION, PRMT,
         )  # fmt: skip
 
-    if V_FMT != FLOAT and V_FMT != INT8:  # turbo V: acc is in V's rotated basis; back with one transform
-        acc = _unrotate(acc, S1, S2, HAD, D, INV_SQRT_D)
     ws = (bh * G + g) * n_splits + split  # workspace row of (batch, query head, split)
     tl.store(WS_M + ws, m_i, mask=gmask)
     tl.store(WS_L + ws, l_i, mask=gmask)
@@ -408,6 +385,8 @@ def _decode_reduce_kernel(
     WS_M,
     WS_L,
     WS_ACC,
+    S1,
+    S2,
     OUT,
     stride_qb,
     stride_qh,
@@ -423,7 +402,10 @@ def _decode_reduce_kernel(
     G: tl.constexpr,
     D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    ROTATED: tl.constexpr,
     HAS_HOT: tl.constexpr,
+    A: tl.constexpr,
+    INV_SQRT_D: tl.constexpr,
 ):
     # grid: (B * Hq,): one program per (batch, query head) merges its splits and the fresh token
     row = tl.program_id(0)
@@ -455,6 +437,9 @@ def _decode_reduce_kernel(
             a = tl.load(WS_ACC + hot + ws[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
             acc_hot = acc_hot * alpha + tl.sum(a * beta[:, None], 0)
         m = m_new
+    if ROTATED:  # back from V's rotated basis: s1 * H(s2 * acc)
+        acc = _wht((acc * tl.load(S2 + d))[None, :], 1, D, A, INV_SQRT_D)
+        acc = tl.reshape(acc, [D]) * tl.load(S1 + d)
     out = (acc + acc_hot + w_new * vn) / l_sum
     tl.store(OUT + b * stride_ob + h * stride_oh + d, out.to(OUT.dtype.element_ty))
 
@@ -551,20 +536,6 @@ class DecodeWorkspace:
             self.codebooks[side] = codebook.to(torch.float16).contiguous()
         return self.codebooks[side]
 
-    def hadamard(self, dim: int, device) -> torch.Tensor:
-        """The +-1 Walsh-Hadamard matrix of order `dim` (natural order, (-1)^popcount(i & j),
-        as `quantize._wht` uses), fp16 [dim, dim], made at the first call."""
-        key = f"hadamard:{dim}"
-        if key not in self.codebooks:
-            i = torch.arange(dim, device=device)
-            bits = i[:, None] & i[None, :]
-            parity = torch.zeros_like(bits)
-            while bool(bits.any()):
-                parity ^= bits & 1
-                bits = bits >> 1
-            self.codebooks[key] = (1 - 2 * parity).to(torch.float16).contiguous()
-        return self.codebooks[key]
-
     def prmt_table(self, side: str, codebook: torch.Tensor) -> torch.Tensor:
         """The side's codebook as the prmt path's 8 int32 words (`prmt_table`), made at the first call."""
         key = side + ":prmt"
@@ -621,8 +592,6 @@ def _check_args(mode, q, k_new, v_new, out, buffers, ws):
         buffer_layout("decode_attention", key, FORMATS[mode][1], buf)
     if FORMATS[mode][0] == "int8" and dim < 32 and q.is_cuda and not _INTERPRETED:
         raise ValueError(f"the int8 decode kernel needs head_dim >= 32 (int8 tensor-core dots), got {dim}")
-    if FORMATS[mode][1] != "float" and FORMATS[mode][1] != "int8" and dim < 16:
-        raise ValueError(f"the turbo decode kernels need head_dim >= 16 (tensor-core dots), got {dim}")
     planes = 2 if FORMATS[mode][1] == "delegated" else 1
     if ws.acc.shape[0] < planes or ws.acc.shape[1:] != (b, hq, ws.num_splits, dim):
         raise ValueError(f"workspace of shape {tuple(ws.acc.shape)} does not fit q {tuple(q.shape)} in mode {mode}")
@@ -701,20 +670,21 @@ def decode_attention(
 
     s = workspace.num_splits
     num_stages = num_stages or launch_stages({**cfg, "block_n": block_n}, b * hkv * s, triton.cdiv(cap, s), dev)
-    rotated = vf.startswith(("turbo", "delegated"))  # the split kernel turns acc back from V's basis
-    s1v, s2v = v_signs if rotated else (q, q)
-    had = workspace.hadamard(dim, dev) if rotated else q
     _decode_split_kernel[(b * hkv, s)](
-        q_score, k, ks, v, vs, vh, cbk, cbv, s1v, s2v, had, length, cold, workspace.m, workspace.l, workspace.acc,
+        q_score, k, ks, v, vs, vh, cbk, cbv, length, cold, workspace.m, workspace.l, workspace.acc,
         q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision, PRMT=prmt,
-        INV_SQRT_D=1.0 / math.sqrt(dim), num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
+    rotated = vf.startswith(("turbo", "delegated"))
+    s1v, s2v = v_signs if rotated else (q, q)
+    wht = wht_params(dim) if rotated else {"A": 1, "INV_SQRT_D": 1.0}
     _decode_reduce_kernel[(b * hq,)](
-        q, k_new, v_new, workspace.m, workspace.l, workspace.acc, out,
+        q, k_new, v_new, workspace.m, workspace.l, workspace.acc, s1v, s2v, out,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         out.stride(0), out.stride(1), hq, s, qk_scale,
-        G=group, D=dim, BLOCK_S=min(64, triton.next_power_of_2(s)), HAS_HOT=vf == "delegated", num_warps=4,
+        G=group, D=dim, BLOCK_S=min(32, triton.next_power_of_2(s)), ROTATED=rotated, HAS_HOT=vf == "delegated",
+        num_warps=4, **wht,
     )  # fmt: skip
     return out
