@@ -483,9 +483,8 @@ def default_config(mode: str) -> dict:
     """Launch defaults per mode, from sweeps on an H200 (Hq=32, Hkv=8, D=128, bf16; B=1 at
     8K and 32K, B=16 at 32K; see scripts/bench_kernels.py --tune [--grid wide]). fp16
     streams best with ~1 program per SM; the quantized formats want 2 or more to hide
-    their unpacking. The turbo kernels, whose programs are limited by registers rather
-    than shared memory, gain from many short splits at batch 16 (up to 16 programs per SM,
-    run in waves: the SMs finish together) and, at batch 1, from a third pipeline stage
+    their unpacking. The turbo kernels gain from many short splits at batch 16 (up to 16
+    programs per SM, run in waves) and, at batch 1, from a third pipeline stage
     (`deep_stages`: used while the grid leaves room for it, see `launch_stages`)."""
     cfg = {"block_n": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": (2, 4)}
     if mode == "fp16":
