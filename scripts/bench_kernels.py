@@ -242,14 +242,30 @@ def kernel_mode(name):
     return mode, "token-major", lut or None
 
 
+def l2_missing_caches(mode, b, length, dtype, device, int8_v="token-major"):
+    """Random caches of one shape, enough of them that cycling through misses L2, and the
+    KV bytes one of them holds for the L tokens."""
+    probe = random_cache(mode, b, length, dtype, device, int8_v)
+    nbytes = kv_bytes(mode, probe, length, length - HOT)
+    return [probe] + [
+        random_cache(mode, b, length, dtype, device, int8_v) for _ in range(copies_for(nbytes) - 1)
+    ], nbytes
+
+
+def write_target(mode, b, dtype, device):
+    """A 4096-slot cache and the device slot / cold length a decode token's write goes to."""
+    bufs = random_cache(mode, b, 4096, dtype, device)
+    slot = torch.tensor([4000], dtype=torch.int32, device=device)
+    cold = torch.tensor([3900], dtype=torch.int32, device=device)
+    return bufs, slot, cold
+
+
 def bench_mode(name, b, length, dtype, device, cod, configs):
     """[(config, us)] for each tuning config of one mode and shape."""
     mode, int8_v, lut = kernel_mode(name)
     kw = attn_kwargs(mode_kwargs(mode, cod))
     cold = length - HOT
-    probe = random_cache(mode, b, length, dtype, device, int8_v)
-    nbytes = kv_bytes(mode, probe, length, cold)
-    caches = [probe] + [random_cache(mode, b, length, dtype, device, int8_v) for _ in range(copies_for(nbytes) - 1)]
+    caches, nbytes = l2_missing_caches(mode, b, length, dtype, device, int8_v)
     q = torch.randn(b, HQ, D, device=device, dtype=dtype)
     kn, vn = torch.randn(2, b, HKV, D, device=device, dtype=dtype)
     out = torch.empty_like(q)
@@ -300,10 +316,8 @@ def bench_sdpa(b, length, dtype, device):
 def bench_write(mode, b, dtype, device, cod, **tune):
     """Microseconds for one decode step's quantize-on-write of K and V (T = 1)."""
     kw = mode_kwargs(mode, cod)
-    bufs = random_cache(mode, b, 4096, dtype, device)
+    bufs, slot, cold = write_target(mode, b, dtype, device)
     kn, vn = torch.randn(2, b, HKV, D, device=device, dtype=dtype)
-    slot = torch.tensor([4000], dtype=torch.int32, device=device)
-    cold = torch.tensor([3900], dtype=torch.int32, device=device)
     return time_graph([lambda: write_kv(mode, kn, vn, bufs, slot, cold_length=cold, **kw, **tune)] * 20)
 
 
@@ -330,16 +344,12 @@ def profile_parts(mode, b, length, dtype, device, cod, reps=10):
     rotate through enough cache copies to miss L2. Launch gaps are not in these times."""
     kw = mode_kwargs(mode, cod)
     cold = length - HOT
-    probe = random_cache(mode, b, length, dtype, device)
-    copies = copies_for(kv_bytes(mode, probe, length, cold))
-    caches = [probe] + [random_cache(mode, b, length, dtype, device) for _ in range(copies - 1)]
+    caches, _ = l2_missing_caches(mode, b, length, dtype, device)
     q = torch.randn(b, HQ, D, device=device, dtype=dtype)
     kn, vn = torch.randn(2, b, HKV, D, device=device, dtype=dtype)
     out = torch.empty_like(q)
     ws = DecodeWorkspace.for_cache(mode, q, HKV, length)
-    wbufs = random_cache(mode, b, 4096, dtype, device)
-    slot = torch.tensor([4000], dtype=torch.int32, device=device)
-    wcold = torch.tensor([3900], dtype=torch.int32, device=device)
+    wbufs, slot, wcold = write_target(mode, b, dtype, device)
 
     def step(bufs):
         decode_attention(mode, q, kn, vn, bufs, length, 1 / math.sqrt(D), cold_length=cold, out=out, workspace=ws,

@@ -41,6 +41,15 @@ M=/tmp/kvbench-model
 G=$M/SmolLM2-135M-Instruct.Q4_1.gguf
 mkdir -p $OUT $M
 
+# the benchmark of the results: every mode side by side on dummy Llama-3.1-8B, plus the capacity search
+SWEEP="--model dummy:llama-3.1-8b --modes all --no-fallback --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --quiet"
+
+# bench1 PHASE SECONDS: that benchmark on GPU 0 into $OUT/bench, logged in $OUT/PHASE-bench.log
+bench1() {
+  timeout $2 python3 -m kvbench decode-bench $SWEEP --devices 0 --out $OUT/bench > $OUT/$1-bench.log 2>&1
+  echo "bench rc=$?"; tail -3 $OUT/$1-bench.log
+}
+
 wheels() {
   [[ -d /tmp/site ]] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD
@@ -53,8 +62,7 @@ step() {
   bench)
     python3 -m kvbench decode-bench --model dummy:tiny --contexts 300 --batch 1,3 --gen 8 --warmup 4 --repeats 1 \
       --out /tmp/smoke --quiet || return 1
-    timeout ${BENCH_TIMEOUT:-420} python3 -m kvbench decode-bench --model dummy:llama-3.1-8b --modes all --no-fallback \
-      --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --out $OUT/bench --quiet ;;
+    timeout ${BENCH_TIMEOUT:-420} python3 -m kvbench decode-bench $SWEEP --out $OUT/bench ;;
   audit)
     timeout ${AUDIT_TIMEOUT:-480} python3 -m kvbench audit --model $G --modes all \
       --contexts 2k,8k,32k --compare-kernels --kv-cap-check 256 --prefix-reuse --niah --ppl --ppl-windows 1 \
@@ -112,18 +120,15 @@ C)
   tail -n 3 $OUT/C-*.log
   (cd $OUT && tar czf all.tgz peers shard-1gpu shard-2gpu C-*.log) ;;
 E)
-  S="--model dummy:llama-3.1-8b --modes all --no-fallback --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --quiet"
-  timeout ${E1_TIMEOUT:-270} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench-1gpu > $OUT/E-1gpu.log 2>&1; echo "1 GPU rc=$?"
-  timeout ${E2_TIMEOUT:-200} python3 -m kvbench decode-bench $S --devices 0,1 --out $OUT/bench-2gpu > $OUT/E-2gpu.log 2>&1; echo "2 GPUs rc=$?"
+  timeout ${E1_TIMEOUT:-270} python3 -m kvbench decode-bench $SWEEP --devices 0 --out $OUT/bench-1gpu > $OUT/E-1gpu.log 2>&1; echo "1 GPU rc=$?"
+  timeout ${E2_TIMEOUT:-200} python3 -m kvbench decode-bench $SWEEP --devices 0,1 --out $OUT/bench-2gpu > $OUT/E-2gpu.log 2>&1; echo "2 GPUs rc=$?"
   timeout ${KB_TIMEOUT:-100} python3 scripts/bench_kernels.py --no-check > $OUT/kernels.txt 2>&1; echo "kernels rc=$?"
   tail -3 $OUT/E-*.log; tail -40 $OUT/kernels.txt
   (cd $OUT && tar czf all.tgz bench-1gpu bench-2gpu E-*.log kernels.*) ;;
 F)  # int8 V stored token-major: attention alone (both layouts, tuned), the benchmark, kernel tests
   timeout ${KT_TIMEOUT:-170} python3 scripts/bench_kernels.py --modes fp16,int8,int8-rowmajor --tune > $OUT/kernels-int8-tune.txt 2>&1
   echo "kernels rc=$?"; grep -v "^  *top 5" $OUT/kernels-int8-tune.txt | tail -25
-  S="--model dummy:llama-3.1-8b --modes all --no-fallback --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --quiet"
-  timeout ${F_TIMEOUT:-230} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench > $OUT/F-bench.log 2>&1; echo "bench rc=$?"
-  tail -3 $OUT/F-bench.log
+  bench1 F ${F_TIMEOUT:-230}
   wheels; TEST_TIMEOUT=${TEST_TIMEOUT:-150} step ktests
   (cd $OUT && tar czf all.tgz bench kernels-int8-tune.txt F-bench.log gpu-kernel-tests.txt) ;;
 G)  # prmt codebook lookup for the turbo kernels, int8 splits retuned: kernel tests, attention alone
@@ -132,9 +137,7 @@ G)  # prmt codebook lookup for the turbo kernels, int8 splits retuned: kernel te
   timeout ${KB_TIMEOUT:-150} python3 scripts/bench_kernels.py \
     --modes fp16,int8,turbo4-asym,turbo4-asym@gather,turbo3-asym,turbo3-asym@gather,turbo4,turbo4@gather,turbo4-delegated,turbo4-delegated@gather \
     > $OUT/kernels.txt 2>&1; echo "kernels rc=$?"; tail -42 $OUT/kernels.txt
-  S="--model dummy:llama-3.1-8b --modes all --no-fallback --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --quiet"
-  timeout ${G_TIMEOUT:-230} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench > $OUT/G-bench.log 2>&1; echo "bench rc=$?"
-  tail -3 $OUT/G-bench.log
+  bench1 G ${G_TIMEOUT:-230}
   (cd $OUT && tar czf all.tgz bench kernels.txt kernels.csv G-bench.log gpu-kernel-tests.txt) ;;
 H)  # launch sweep after the 3-bit word loads: attention alone, every quantized mode, the wide grid
   timeout ${KT_TIMEOUT:-540} python3 scripts/bench_kernels.py --tune --grid wide \
@@ -144,22 +147,16 @@ I)  # the launch defaults chosen from H: kernel tests, attention alone at the de
   wheels; TEST_TIMEOUT=${TEST_TIMEOUT:-170} step ktests
   timeout ${KB_TIMEOUT:-100} python3 scripts/bench_kernels.py --no-check > $OUT/kernels.txt 2>&1; echo "kernels rc=$?"
   grep -v "^batch\|turbo4 write" $OUT/kernels.txt | tail -24
-  S="--model dummy:llama-3.1-8b --modes all --no-fallback --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --quiet"
-  timeout ${I_TIMEOUT:-260} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench > $OUT/I-bench.log 2>&1; echo "bench rc=$?"
-  tail -3 $OUT/I-bench.log
+  bench1 I ${I_TIMEOUT:-260}
   (cd $OUT && tar czf all.tgz bench kernels.txt kernels.csv I-bench.log gpu-kernel-tests.txt) ;;
-J)  # the write beside the attention (side stream): kernel + engine tests on the GPU, the benchmark;
-    # also stages the model's first half for D
+J)  # run as L, plus the model's first half staged for D (on 2026-12-01 with the write on a side
+    # stream, since reverted); the benchmark's log is J-bench.log
   cp .gpu/m0/* $M/ && wheels; TEST_TIMEOUT=${TEST_TIMEOUT:-200} step ktests
-  S="--model dummy:llama-3.1-8b --modes all --no-fallback --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --quiet"
-  timeout ${J_TIMEOUT:-260} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench > $OUT/J-bench.log 2>&1; echo "bench rc=$?"
-  tail -3 $OUT/J-bench.log
+  bench1 J ${J_TIMEOUT:-260}
   (cd $OUT && tar czf all.tgz bench J-bench.log gpu-kernel-tests.txt) ;;
 L)  # the final code of 2026-12-01: kernel and engine tests on the GPU, the benchmark
   wheels; TEST_TIMEOUT=${TEST_TIMEOUT:-200} step ktests
-  S="--model dummy:llama-3.1-8b --modes all --no-fallback --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --capacity --quiet"
-  timeout ${L_TIMEOUT:-260} python3 -m kvbench decode-bench $S --devices 0 --out $OUT/bench > $OUT/L-bench.log 2>&1; echo "bench rc=$?"
-  tail -3 $OUT/L-bench.log
+  bench1 L ${L_TIMEOUT:-260}
   (cd $OUT && tar czf all.tgz bench L-bench.log gpu-kernel-tests.txt) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
