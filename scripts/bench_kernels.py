@@ -260,16 +260,29 @@ def write_target(mode, b, dtype, device):
     return bufs, slot, cold
 
 
-def bench_mode(name, b, length, dtype, device, cod, configs):
-    """[(config, us)] for each tuning config of one mode and shape."""
+REDUCE_WARPS = None  # --reduce-warps: the reduction kernel's warps (None: the mode's default)
+
+
+def append_args(append):
+    """decode_attention's arguments for an --append choice (see main), and --reduce-warps."""
+    out = {"reduce_warps": REDUCE_WARPS}
+    if append == "none":
+        return out
+    return {**out, "append": True, "fuse_append": {"default": None, "fused": True, "launch": False}[append]}
+
+
+def bench_mode(name, b, length, dtype, device, cod, configs, append="none"):
+    """[(config, us)] for each tuning config of one mode and shape. With an append, the
+    caches hold L - 1 tokens and each call also stores the fresh one into slot L - 1."""
     mode, int8_v, lut = kernel_mode(name)
-    kw = attn_kwargs(mode_kwargs(mode, cod))
+    kw = mode_kwargs(mode, cod) if append != "none" else attn_kwargs(mode_kwargs(mode, cod))
+    kw.update(append_args(append))
     cold = length - HOT
     caches, nbytes = l2_missing_caches(mode, b, length, dtype, device, int8_v)
     q = torch.randn(b, HQ, D, device=device, dtype=dtype)
     kn, vn = torch.randn(2, b, HKV, D, device=device, dtype=dtype)
     out = torch.empty_like(q)
-    dl = torch.tensor([length], dtype=torch.int32, device=device)
+    dl = torch.tensor([length - (append != "none")], dtype=torch.int32, device=device)
     dc = torch.tensor([cold], dtype=torch.int32, device=device)
     results = []
     for cfg in configs:
@@ -338,10 +351,12 @@ def tuning_grid(grid, splits):
     ]
 
 
-def profile_parts(mode, b, length, dtype, device, cod, reps=10):
+def profile_parts(mode, b, length, dtype, device, cod, reps=10, append="none"):
     """Mean GPU time of each kernel of one layer's decode step (split, reduce, query
     rotation, write) at the launch defaults, from torch.profiler over eager calls that
-    rotate through enough cache copies to miss L2. Launch gaps are not in these times."""
+    rotate through enough cache copies to miss L2. Launch gaps are not in these times.
+    append "none": a separate write_kv into another cache; else decode_attention appends
+    the fresh token itself (`append_args`), a fused write showing up in the reduce."""
     kw = mode_kwargs(mode, cod)
     cold = length - HOT
     caches, _ = l2_missing_caches(mode, b, length, dtype, device)
@@ -350,10 +365,16 @@ def profile_parts(mode, b, length, dtype, device, cod, reps=10):
     out = torch.empty_like(q)
     ws = DecodeWorkspace.for_cache(mode, q, HKV, length)
     wbufs, slot, wcold = write_target(mode, b, dtype, device)
+    live = torch.tensor([length - (append != "none")], dtype=torch.int32, device=device)
+    dcold = torch.tensor([cold], dtype=torch.int32, device=device)
 
     def step(bufs):
-        decode_attention(mode, q, kn, vn, bufs, length, 1 / math.sqrt(D), cold_length=cold, out=out, workspace=ws,
-                         **attn_kwargs(kw))  # fmt: skip
+        if append != "none":
+            decode_attention(mode, q, kn, vn, bufs, live, 1 / math.sqrt(D), cold_length=dcold, out=out, workspace=ws,
+                             **kw, **append_args(append))  # fmt: skip
+            return
+        decode_attention(mode, q, kn, vn, bufs, live, 1 / math.sqrt(D), cold_length=dcold, out=out, workspace=ws,
+                         **attn_kwargs(kw), **append_args(append))  # fmt: skip
         write_kv(mode, kn, vn, wbufs, slot, cold_length=wcold, **kw)
 
     for c in caches:
@@ -388,7 +409,17 @@ def main():
     ap.add_argument(
         "--parts", action="store_true", help="GPU time per kernel of a layer's step (torch.profiler), then exit"
     )
+    ap.add_argument(
+        "--append",
+        choices=("none", "default", "fused", "launch"),
+        default="none",
+        help="also store the fresh token as the engine does: none (attention alone; the write is timed on its "
+        "own), default (the mode's default), fused (in the reduction kernel), launch (a write_kv launch after it)",
+    )
+    ap.add_argument("--reduce-warps", type=int, help="warps of the reduction kernel (default: the mode's)")
     args = ap.parse_args()
+    global REDUCE_WARPS
+    REDUCE_WARPS = args.reduce_warps
     device = torch.device("cuda")
     torch.manual_seed(0)
     cod = codecs(D, device)
@@ -409,16 +440,17 @@ def main():
         return
     if args.parts:
         print("\n== GPU time per kernel of one layer's decode step, us (torch.profiler; launch gaps not included) ==")
+        print(f"append: {args.append}, reduce warps: {args.reduce_warps or 'default'}")
         print(f"{'batch':>5} {'context':>7} {'mode':17} {'split':>7} {'reduce':>7} {'rotate':>7} {'write':>7}")
         for (b, length), mode in itertools.product(shapes, modes):
-            p = profile_parts(mode, b, length, dtype, device, cod)
+            p = profile_parts(mode, b, length, dtype, device, cod, append=args.append)
             cols = " ".join(f"{p[k]:7.2f}" if k in p else f"{'-':>7}" for k in ("split", "reduce", "rotate", "write"))
             print(f"{b:5} {length:7} {mode:17} {cols}")
         return
     if not args.no_check:
         check(device, cod)
     rows = []
-    print(f"\n== decode attention, one layer: Hq={HQ}, Hkv={HKV}, D={D}, bf16, CUDA graphs ==")
+    print(f"\n== decode attention, one layer: Hq={HQ}, Hkv={HKV}, D={D}, bf16, CUDA graphs; append: {args.append} ==")
     print(f"{'batch':>5} {'context':>7} {'kernel':17} {'us':>8} {'TB/s':>6} {'vs sdpa':>7}  config")
     for b, length in shapes:
         sdpa_us, sdpa_bytes = bench_sdpa(b, length, dtype, device)
@@ -434,7 +466,7 @@ def main():
             if args.tune:
                 configs += tuning_grid(args.grid, default_splits)
             try:
-                results, nbytes = bench_mode(mode, b, length, dtype, device, cod, configs)
+                results, nbytes = bench_mode(mode, b, length, dtype, device, cod, configs, args.append)
             except Exception as exc:  # keep timing the other modes; report the failure
                 print(f"{b:5} {length:7} {mode:17} FAILED: {type(exc).__name__}: {str(exc)[:200]}")
                 continue

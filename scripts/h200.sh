@@ -31,6 +31,11 @@
 #   J (carry .gpu/m0 .gpu/whl): quantize-on-write beside the attention (side stream; slower, reverted):
 #      kernel and engine tests, the benchmark; then D on the same machine
 #   L (carry .gpu/whl): the committed code after J's revert: kernel and engine tests, the benchmark
+#   M (carry .gpu/old, a copy of kvbench/ and scripts/ at the previous commit): GPU time per kernel,
+#      previous vs new code (2026-12-01, second session; results/2026-12-01b-h200)
+#   N (carry .gpu/whl, after M): the same per kernel after M's findings, then the kernel tests
+#   P (carry .gpu/whl, after N): the defaults chosen from N: kernel and engine tests, the benchmark,
+#      attention with the append alone
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -158,6 +163,39 @@ L)  # the final code of 2026-12-01: kernel and engine tests on the GPU, the benc
   wheels; TEST_TIMEOUT=${TEST_TIMEOUT:-200} step ktests
   bench1 L ${L_TIMEOUT:-260}
   (cd $OUT && tar czf all.tgz bench L-bench.log gpu-kernel-tests.txt) ;;
+M)  # 2026-12-01, second session: int8 scales prefetched, the fresh token's write inside the reduction kernel, the
+    # reduction's warps: GPU time per kernel, the previous code (a copy of 532a3bf in .gpu/old) first
+  SH=1x2048,1x32768,16x32768
+  timeout ${M_TIMEOUT:-150} python3 .gpu/old/scripts/bench_kernels.py --parts --shapes $SH > $OUT/parts-old.txt 2>&1
+  echo "old rc=$?"
+  for a in default launch; do
+    timeout ${M_TIMEOUT:-150} python3 scripts/bench_kernels.py --parts --shapes $SH --append $a > $OUT/parts-$a.txt 2>&1
+    echo "$a rc=$?"
+  done
+  for w in 1 2; do
+    timeout ${M_TIMEOUT:-150} python3 scripts/bench_kernels.py --parts --shapes $SH --append default --reduce-warps $w \
+      --modes int8,turbo4-asym,turbo3-asym,turbo4,turbo4-delegated > $OUT/parts-rw$w.txt 2>&1
+    echo "reduce warps $w rc=$?"
+  done
+  grep -hv "warn" $OUT/parts-*.txt ;;
+N)  # after M: int8 scales loaded as before, the fused write moved to the end of the reduction
+    # (K by the group's first program, V by its last): GPU time per kernel at 4, 1 and 2 reduction
+    # warps; the kernel and engine tests
+  SH=1x2048,1x32768,16x32768
+  for w in 4 1 2; do
+    timeout ${M_TIMEOUT:-150} python3 scripts/bench_kernels.py --parts --shapes $SH --append default --reduce-warps $w \
+      > $OUT/parts-rw$w.txt 2>&1
+    echo "reduce warps $w rc=$?"
+  done
+  grep -hv "warn" $OUT/parts-*.txt
+  wheels; TEST_TIMEOUT=${TEST_TIMEOUT:-220} step ktests ;;
+P)  # after N: one-warp reductions that store the fresh token themselves (the new defaults): kernel
+    # and engine tests, the benchmark, attention + append alone per mode (CUDA graphs)
+  wheels; TEST_TIMEOUT=${TEST_TIMEOUT:-220} step ktests
+  bench1 P ${P_TIMEOUT:-260}
+  timeout ${KB_TIMEOUT:-100} python3 scripts/bench_kernels.py --no-check --append default > $OUT/kernels.txt 2>&1
+  echo "kernels rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels.txt | tail -24
+  (cd $OUT && tar czf all.tgz bench P-bench.log gpu-kernel-tests.txt kernels.txt kernels.csv) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -166,6 +204,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

@@ -321,7 +321,15 @@ def test_write_kv(mode, dim, tokens, seed):
     args = (mode, k_new, v_new)
     write_kv(*args, got, torch.tensor([slot], dtype=torch.int32), cold_length=torch.tensor([cold]).int(), **kw)
     ref.write_kv(*args, want, slot, cold_length=cold, **kw)
-    src = {"k": k_new, "v": v_new}
+    assert_same_writes(got, want, mode, kw, {"k": k_new, "v": v_new}, slot, tokens, seed)
+
+
+def assert_same_writes(got, want, mode, kw, src, slot, tokens, seed):
+    """Buffers `got` hold what `want` (the reference's write of `src` into slots
+    [slot, slot + tokens)) holds: int8 codes exactly, turbo codes up to one-cell flips on
+    a cell edge, floats to 1e-3 (NaN poison where it was)."""
+    b, h = src["k"].shape[:2]
+    dim = src["k"].shape[-1]
     for key in got:
         a, w = got[key], want[key]
         if key.endswith("_codes"):
@@ -351,6 +359,36 @@ def test_write_kv(mode, dim, tokens, seed):
             torch.testing.assert_close(a, w, rtol=1e-3, atol=0, equal_nan=True, msg=f"seed {seed}: {key}")
         else:  # int8 codes: exact (ties of x / scale at .5 are round-half-even in both)
             assert torch.equal(a, w), f"seed {seed}: {key}"
+
+
+@pytest.mark.parametrize("fuse,group", [(True, 1), (True, 3), (False, 2)], ids=["fused-G1", "fused-G3", "launch-G2"])
+@pytest.mark.parametrize("mode", ref.MODES)
+def test_decode_append_stores_slot_l(mode, fuse, group, seed):
+    """decode_attention(append=True) returns the same attention and leaves the cache as the
+    reference's attention then write of the fresh token into slot L (C for delegated);
+    fused, K and V are stored by the first and last program of each GQA group."""
+    b, hkv, dim, length, cap, cold = 2, 3, 64, 37, 50, 20
+    kw = codec_kwargs(mode, dim)
+    got = make_cache(mode, b, hkv, dim, cap, length, cold, F16, kw)
+    want = {key: buf.clone() for key, buf in got.items()}
+    q = (3 * torch.randn(b, hkv * group, dim)).to(F16)
+    k_new, v_new = random_tokens(b, hkv, 2, dim, F16).unbind(2)
+    out = torch.full_like(q, float("nan"))
+    args = (mode, q, k_new, v_new)
+    length_t, cold_t = torch.tensor([length], dtype=torch.int32), torch.tensor([cold], dtype=torch.int32)
+    decode_attention(*args, got, length_t, 0.125, cold_length=cold_t, out=out, append=True, fuse_append=fuse, **kw)
+    expected = ref.decode_attention(*args, want, length, 0.125, cold_length=cold, **attn_kwargs(kw))
+    ref.write_kv(mode, k_new, v_new, want, length, cold_length=cold, **kw)
+    err = max_rel(out, expected)
+    assert err < tolerance(mode, F16), f"seed {seed}: max rel error {err:.2e}"
+    src = {"k": k_new.unsqueeze(2), "v": v_new.unsqueeze(2)}
+    if ref.FORMATS[mode][1] == "delegated":  # V went to hot slot L - C: compare the hot window there
+        assert_same_writes({"v_hot": got["v_hot"]}, {"v_hot": want["v_hot"]}, mode, kw, src, length - cold, 1, seed)
+        got, want = (
+            {k_: v_ for k_, v_ in got.items() if k_ != "v_hot"},
+            {k_: v_ for k_, v_ in want.items() if k_ != "v_hot"},
+        )
+    assert_same_writes(got, want, mode, kw, src, length, 1, seed)
 
 
 def test_write_kv_matches_kv_turbo_module(seed):

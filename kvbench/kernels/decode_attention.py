@@ -34,13 +34,17 @@ from kvbench.kernels.quantize import (
     DELEGATED,
     FLOAT,
     FORMAT_IDS,
+    HOT,
     INT8,
     TURBO4,
+    _quantize_store,
     _wht,
     buffer_layout,
     device_int,
     rotate,
     wht_params,
+    write_kv,
+    write_operands,
 )
 from kvbench.kernels.reference import FORMATS
 
@@ -213,6 +217,7 @@ def _attend_range(
 
     Triton pipelines (cp.async) only loads that feed a dot; the packed codes and
     scales of turbo formats are prefetched here by hand, one block ahead, in registers.
+    (int8's scales prefetched the same way made its kernel 5-10% slower on the H200.)
     """
     V_BITS: tl.constexpr = 4 if V_FMT == TURBO4 else 3
     V_CODES: tl.constexpr = V_FMT != FLOAT and V_FMT != INT8  # turbo codes (delegated is split by the caller)
@@ -399,11 +404,32 @@ def _decode_reduce_kernel(
     Hq,
     n_splits,
     qk_scale,
+    DK,
+    SK,
+    S1K,
+    S2K,
+    CBK,
+    BNK,
+    DV,
+    SV,
+    S1V,
+    S2V,
+    CBV,
+    BNV,
+    LEN,
+    COLD,
+    cap_k,
+    cap_v,
+    v_stride_d,
     G: tl.constexpr,
     D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     ROTATED: tl.constexpr,
     HAS_HOT: tl.constexpr,
+    APPEND: tl.constexpr,
+    K_FMT: tl.constexpr,
+    V_FMT: tl.constexpr,
+    V_TOKEN_MAJOR: tl.constexpr,
     A: tl.constexpr,
     INV_SQRT_D: tl.constexpr,
 ):
@@ -441,6 +467,18 @@ def _decode_reduce_kernel(
         acc = _wht((acc * tl.load(S2 + d))[None, :], 1, D, A, INV_SQRT_D)
         acc = tl.reshape(acc, [D]) * tl.load(S1 + d)
     out = (acc + acc_hot + w_new * vn) / l_sum
+    if APPEND:  # the fresh token into slot L: K by the group's first program, V by its last
+        # (after every load above: a cross-warp reduction's barrier here would hold them back)
+        kv_row = tl.full([1], b * (Hq // G) + h // G, tl.int32)
+        one = kv_row >= 0
+        slot = tl.load(LEN)
+        if h % G == 0:
+            _quantize_store(kn[None, :], kv_row, slot, one, DK, SK, S1K, S2K, CBK, BNK, cap_k, 0, K_FMT, False,
+                            D, 1, A, INV_SQRT_D)  # fmt: skip
+        if h % G == G - 1:
+            v_slot = slot - tl.load(COLD) if V_FMT == HOT else slot
+            _quantize_store(vn[None, :], kv_row, v_slot, one, DV, SV, S1V, S2V, CBV, BNV, cap_v, v_stride_d, V_FMT,
+                            V_TOKEN_MAJOR, D, 1, A, INV_SQRT_D)  # fmt: skip
     tl.store(OUT + b * stride_ob + h * stride_oh + d, out.to(OUT.dtype.element_ty))
 
 
@@ -485,8 +523,14 @@ def default_config(mode: str) -> dict:
     streams best with ~1 program per SM; the quantized formats want 2 or more to hide
     their unpacking. The turbo kernels gain from many short splits at batch 16 (up to 16
     programs per SM, run in waves) and, at batch 1, from a third pipeline stage
-    (`deep_stages`: used while the grid leaves room for it, see `launch_stages`)."""
+    (`deep_stages`: used while the grid leaves room for it, see `launch_stages`).
+
+    The reduction runs one warp per (batch, query head) and stores the fresh token itself
+    (`fuse_append`): measured per kernel on the H200, reduction + write of every mode took
+    less time so than with 2 or 4 warps or with a separate write launch, except int8 at
+    2K (4 warps: 0.4 us faster there, 0.7 us slower at 32K; results/2026-12-01b-h200)."""
     cfg = {"block_n": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": (2, 4)}
+    cfg.update(fuse_append=True, reduce_warps=1)
     if mode == "fp16":
         cfg["programs_per_sm"] = (1, 1)
     elif mode == "int8":  # token-major V: ~2 programs per SM at batch 1 and 16 (2026-11-30 sweep)
@@ -619,6 +663,11 @@ def decode_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     lut: str | None = None,
+    append: bool = False,
+    fuse_append: bool | None = None,
+    reduce_warps: int | None = None,
+    k_boundaries: torch.Tensor | None = None,
+    v_boundaries: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decode step of attention for one layer (same contract as `reference.decode_attention`).
 
@@ -631,6 +680,13 @@ def decode_attention(
     (capturable in a CUDA graph). `num_splits` comes from the workspace, else
     `choose_num_splits` over the cache capacity; unset tuning knobs from `default_config`;
     `lut` picks the turbo code lookup (`lut_path`: prmt on compiled kernels, else gather).
+
+    `append=True` also stores the fresh token into slot L, exactly as
+    `write_kv(mode, k_new, v_new, buffers, L, cold_length=C, ...)` would (turbo sides then
+    need their boundaries too): inside the reduction kernel (`fuse_append`, default from
+    `default_config`), where the first program of each GQA group quantizes its kv head's
+    token, or else by a `write_kv` launch after it. Either way after the split kernel has
+    read [0, L), so slot L is free to write.
     """
     cfg = default_config(mode)
     block_n = block_n or cfg["block_n"]
@@ -678,12 +734,25 @@ def decode_attention(
     )  # fmt: skip
     rotated = vf.startswith(("turbo", "delegated"))
     s1v, s2v = v_signs if rotated else (q, q)
-    wht = wht_params(dim) if rotated else {"A": 1, "INV_SQRT_D": 1.0}
+    codecs = {"k_signs": k_signs, "k_codebook": k_codebook, "k_boundaries": k_boundaries}
+    codecs.update(v_signs=v_signs, v_codebook=v_codebook, v_boundaries=v_boundaries)
+    fused = append and (cfg["fuse_append"] if fuse_append is None else fuse_append)
+    reduce_warps = reduce_warps or cfg["reduce_warps"]
+    if fused:
+        tensors, sizes, consts = write_operands("decode_attention", mode, buffers, dim, *codecs.values())
+    else:  # stand-ins, unused
+        tensors, sizes, consts = [q] * 12, [0, 0, 0], {"K_FMT": 0, "V_FMT": 0, "V_TOKEN_MAJOR": False}
+    if rotated:  # the write's Walsh-Hadamard parameters are the same (one head dim)
+        consts.update(wht_params(dim))
+    consts.setdefault("A", 1)
+    consts.setdefault("INV_SQRT_D", 1.0)
     _decode_reduce_kernel[(b * hq,)](
         q, k_new, v_new, workspace.m, workspace.l, workspace.acc, s1v, s2v, out,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
-        out.stride(0), out.stride(1), hq, s, qk_scale,
-        G=group, D=dim, BLOCK_S=min(32, triton.next_power_of_2(s)), ROTATED=rotated, HAS_HOT=vf == "delegated",
-        num_warps=4, **wht,
+        out.stride(0), out.stride(1), hq, s, qk_scale, *tensors, length, cold, *sizes,
+        G=group, D=dim, BLOCK_S=min(64 if reduce_warps >= 4 else 32, triton.next_power_of_2(s)), ROTATED=rotated,
+        HAS_HOT=vf == "delegated", APPEND=fused, num_warps=reduce_warps, **consts,
     )  # fmt: skip
+    if append and not fused:
+        write_kv(mode, k_new, v_new, buffers, length, cold_length=cold, **codecs)
     return out

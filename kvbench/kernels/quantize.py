@@ -79,8 +79,7 @@ def _store_rows(
     A: tl.constexpr,
     INV_SQRT_D: tl.constexpr,
 ):
-    """Store rows [row0, row0 + BLOCK_R) of x [B, H, T, D] (row = (b * H + h) * T + t) at token slot + t.
-    TOKEN_MAJOR (int8 only): DST's storage is [B, H, D, stride_d] (see `reference.token_major`)."""
+    """Store rows [row0, row0 + BLOCK_R) of x [B, H, T, D] (row = (b * H + h) * T + t) at token slot + t."""
     rows = row0 + tl.arange(0, BLOCK_R)
     rmask = rows < n_rows
     t = rows % T
@@ -91,7 +90,36 @@ def _store_rows(
     slot = tl.load(SLOT)
     if FMT == HOT:
         slot -= tl.load(COLD)
-    dst = bh.to(tl.int64) * cap + slot + t  # token row in [B, H, cap, ...]
+    _quantize_store(x, bh, slot + t, rmask, DST, SCALE, S1, S2, CB, BND, cap, stride_d, FMT, TOKEN_MAJOR, D,
+                    BLOCK_R, A, INV_SQRT_D)  # fmt: skip
+
+
+@triton.jit
+def _quantize_store(
+    x,
+    bh,
+    slots,
+    rmask,
+    DST,
+    SCALE,
+    S1,
+    S2,
+    CB,
+    BND,
+    cap,
+    stride_d,
+    FMT: tl.constexpr,
+    TOKEN_MAJOR: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    A: tl.constexpr,
+    INV_SQRT_D: tl.constexpr,
+):
+    """Store x [BLOCK_R, D] (float32) in format FMT: row r at token `slots[r]` of cache row
+    `bh[r]` (= b * H + h). TOKEN_MAJOR (int8 only): DST's storage is [B, H, D, stride_d]
+    (see `reference.token_major`)."""
+    d = tl.arange(0, D)
+    dst = bh.to(tl.int64) * cap + slots  # token row in [B, H, cap, ...]
     if FMT == FLOAT or FMT == HOT:  # noqa: SIM109 (no `in` on constexprs in triton)
         tl.store(DST + dst[:, None] * D + d[None, :], x.to(DST.dtype.element_ty), mask=rmask[:, None])
     elif FMT == INT8:
@@ -99,7 +127,7 @@ def _store_rows(
         scale = tl.where(scale == 0.0, 1.0, scale)  # zero guard only: a tiny scale stays tiny
         q = tl.minimum(tl.maximum(_rint(tl.math.div_rn(x, scale[:, None])), -127.0), 127.0)
         if TOKEN_MAJOR:
-            ptr = DST + (bh.to(tl.int64) * D * stride_d + slot + t)[:, None] + d[None, :] * stride_d
+            ptr = DST + (bh.to(tl.int64) * D * stride_d + slots)[:, None] + d[None, :] * stride_d
         else:
             ptr = DST + dst[:, None] * D + d[None, :]
         tl.store(ptr, q.to(tl.int8), mask=rmask[:, None])
@@ -132,12 +160,12 @@ def _write_kv_kernel(
     XV,
     DK,
     SK,
-    DV,
-    SV,
     S1K,
     S2K,
     CBK,
     BNK,
+    DV,
+    SV,
     S1V,
     S2V,
     CBV,
@@ -231,6 +259,45 @@ def rotate(x: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor, out: torch.Tenso
     return out
 
 
+def write_operands(
+    kernel: str,
+    mode: str,
+    buffers: dict[str, torch.Tensor],
+    dim: int,
+    k_signs=None,
+    k_codebook=None,
+    k_boundaries=None,
+    v_signs=None,
+    v_codebook=None,
+    v_boundaries=None,
+) -> tuple[list, list, dict]:
+    """What `_store_rows` needs to store a token of `mode` into `buffers`, for K then V:
+    tensors [DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV] (unused ones are
+    stand-ins), sizes [cap_k, cap_v, v_stride_d] and constexprs K_FMT, V_FMT,
+    V_TOKEN_MAJOR, A, INV_SQRT_D. Shared by `write_kv` and the decode reduction that
+    appends the fresh token (`decode_attention(..., append=True)`)."""
+    kf, vf = FORMATS[mode]
+
+    def side(x, fmt, signs, codebook, bnd):
+        if fmt in ("float", "delegated"):
+            dst = buffers["v_hot" if fmt == "delegated" else x]
+            return [dst, dst, dst, dst, dst, dst], FORMAT_IDS["hot" if fmt == "delegated" else "float"]
+        data = buffers[x] if fmt == "int8" else buffers[x + "_codes"]
+        scale = buffers[x + "_scale"]
+        if fmt == "int8":
+            return [data, scale, scale, scale, scale, scale], FORMAT_IDS["int8"]
+        return [data, scale, *signs, codebook, bnd], FORMAT_IDS[fmt]
+
+    k_side, k_fmt = side("k", kf, k_signs, k_codebook, k_boundaries)
+    v_side, v_fmt = side("v", vf, v_signs, v_codebook, v_boundaries)
+    buffer_layout(kernel, "k", kf, k_side[0])
+    v_stride = buffer_layout(kernel, "v", vf, v_side[0])
+    turbo = any(f.startswith("turbo") for f in (kf, vf))
+    consts = {"K_FMT": k_fmt, "V_FMT": v_fmt, "V_TOKEN_MAJOR": v_stride is not None}
+    consts.update(wht_params(dim) if turbo else {"A": 1, "INV_SQRT_D": 1.0})
+    return k_side + v_side, [k_side[0].shape[2], v_side[0].shape[2], v_stride or 0], consts
+
+
 def write_kv(
     mode: str,
     k_new: torch.Tensor,
@@ -260,34 +327,18 @@ def write_kv(
     if k_new.dim() == 3:
         k_new, v_new = k_new.unsqueeze(2), v_new.unsqueeze(2)
     b, h, t, dim = k_new.shape
-    kf, vf = FORMATS[mode]
     dev = k_new.device
     slot = device_int(slot, dev)
     cold = device_int(cold_length if cold_length is not None else 0, dev)
-
-    def side(x, fmt, signs, codebook, bnd):
-        if fmt in ("float", "delegated"):
-            dst = buffers["v_hot" if fmt == "delegated" else x]
-            return dst, dst, (dst, dst), dst, dst, FORMAT_IDS["hot" if fmt == "delegated" else "float"]
-        data = buffers[x] if fmt == "int8" else buffers[x + "_codes"]
-        scale = buffers[x + "_scale"]
-        if fmt == "int8":
-            return data, scale, (scale, scale), scale, scale, FORMAT_IDS["int8"]
-        return data, scale, signs, codebook, bnd, FORMAT_IDS[fmt]
-
-    dk, sk, (s1k, s2k), cbk, bnk, k_fmt = side("k", kf, k_signs, k_codebook, k_boundaries)
-    dv, sv, (s1v, s2v), cbv, bnv, v_fmt = side("v", vf, v_signs, v_codebook, v_boundaries)
     for x in (k_new, v_new):
         if x.stride(-1) != 1:
             raise ValueError("write_kv needs k_new / v_new with a contiguous last dim")
-    buffer_layout("write_kv", "k", kf, dk)
-    v_stride = buffer_layout("write_kv", "v", vf, dv)
+    tensors, sizes, consts = write_operands(
+        "write_kv", mode, buffers, dim, k_signs, k_codebook, k_boundaries, v_signs, v_codebook, v_boundaries
+    )
     n_rows = b * h * t
-    turbo = any(f.startswith("turbo") for f in (kf, vf))
-    wht = wht_params(dim) if turbo else {"A": 1, "INV_SQRT_D": 1.0}
     grid = (triton.cdiv(n_rows, block_r), 2)
     _write_kv_kernel[grid](
-        k_new, v_new, dk, sk, dv, sv, s1k, s2k, cbk, bnk, s1v, s2v, cbv, bnv, slot, cold, n_rows, h, t,
-        *k_new.stride()[:3], *v_new.stride()[:3], dk.shape[2], dv.shape[2], v_stride or 0,
-        K_FMT=k_fmt, V_FMT=v_fmt, V_TOKEN_MAJOR=v_stride is not None, D=dim, BLOCK_R=block_r, num_warps=num_warps, **wht,
+        k_new, v_new, *tensors, slot, cold, n_rows, h, t, *k_new.stride()[:3], *v_new.stride()[:3], *sizes,
+        D=dim, BLOCK_R=block_r, num_warps=num_warps, **consts,
     )  # fmt: skip

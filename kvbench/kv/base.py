@@ -184,18 +184,15 @@ class KVCache:
         quantize-on-write into slot L; L (and C) are device tensors. q [B, Hq, D],
         k/v [B, Hkv, D]. The host calls `after_fused_append` afterwards."""
         from kvbench.kernels.decode_attention import decode_attention
-        from kvbench.kernels.quantize import write_kv
 
-        args = self.kernel_args()  # the workspace keeps the fp16 copy of each codebook the attention reads
-        attn_args = {k_: v_ for k_, v_ in args.items() if not k_.endswith("boundaries")}
-        out = decode_attention(
-            self.kernel_mode, q, k, v, self.buffers, length, scale, cold_length=cold, workspace=workspace, **attn_args
-        )
-        # The write stays after the attention on the same stream. Beside it on a side stream
-        # (tried on the H200 at 98d7b72) it made decode slower, most at batch 16 (int8 at
-        # 32K: 1.44x -> 1.25x of fp16), likely by taking SM slots from the attention's grid.
-        write_kv(self.kernel_mode, k, v, self.buffers, length, cold_length=cold, **args)
-        return out
+        # The write runs in the attention's reduction kernel (`append=True`), or right after
+        # it on the same stream. Beside it on a side stream (tried on the H200 at 98d7b72) it
+        # made decode slower, most at batch 16 (int8 at 32K: 1.44x -> 1.25x of fp16), likely
+        # by taking SM slots from the attention's grid.
+        return decode_attention(
+            self.kernel_mode, q, k, v, self.buffers, length, scale, cold_length=cold, workspace=workspace,
+            append=True, **self.kernel_args(),
+        )  # fmt: skip
 
     def pretend_filled(self, n: int) -> None:
         """Mark `n` tokens live without writing them (memory-capacity probes only)."""
