@@ -459,7 +459,8 @@ def main():
         for mode in modes:
             cfg = default_config(kernel_mode(mode)[0])
             pps, nearest = cfg.pop("programs_per_sm"), cfg.pop("nearest", False)
-            cfg.pop("deep_stages", None)
+            for key in ("deep_stages", "fuse_append", "reduce_warps"):  # not launch knobs of the split kernel
+                cfg.pop(key, None)
             cfg["num_stages"] = None  # as the launcher picks it (launch_stages)
             default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, pps, nearest)
             configs = [{"num_splits": None, **cfg}]

@@ -36,6 +36,8 @@
 #   N (carry .gpu/whl, after M): the same per kernel after M's findings, then the kernel tests
 #   P (carry .gpu/whl, after N): the defaults chosen from N: kernel and engine tests, the benchmark,
 #      attention with the append alone
+#   Q (carry .gpu/m0 .gpu/whl): the turbo write's centroid picked in registers: tests, per kernel, attention
+#   R (after Q, same machine, carry .gpu/m1 .gpu/whl): audit + raw turbo4 side by side, then the benchmark
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -196,6 +198,20 @@ P)  # after N: one-warp reductions that store the fresh token themselves (the ne
   timeout ${KB_TIMEOUT:-100} python3 scripts/bench_kernels.py --no-check --append default > $OUT/kernels.txt 2>&1
   echo "kernels rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels.txt | tail -24
   (cd $OUT && tar czf all.tgz bench P-bench.log gpu-kernel-tests.txt kernels.txt kernels.csv) ;;
+Q)  # after P (carry .gpu/m0 .gpu/whl): the turbo write picks its centroid in registers; the kernel
+    # and engine tests, GPU time per kernel, attention + append alone per mode (CUDA graphs)
+  cp .gpu/m0/* $M/ && wheels; TEST_TIMEOUT=${TEST_TIMEOUT:-220} step ktests
+  timeout ${M_TIMEOUT:-150} python3 scripts/bench_kernels.py --parts --shapes 1x2048,1x32768,16x32768 \
+    --append default > $OUT/parts.txt 2>&1; echo "parts rc=$?"; grep -v warn $OUT/parts.txt
+  timeout ${KB_TIMEOUT:-120} python3 scripts/bench_kernels.py --no-check --append default > $OUT/kernels.txt 2>&1
+  echo "kernels rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels.txt | tail -24 ;;
+R)  # after Q, same machine (carry .gpu/m1 .gpu/whl): the audit and raw turbo4's side by side, then the benchmark
+  [[ -f $M/part00 ]] || { echo "part00 missing: the machine was not the one of phase Q"; exit 3; }
+  cp .gpu/m1/* $M/ && cat $M/part0* > $G && sha256sum $G && wheels
+  (step audit > $OUT/R-audit.log 2>&1) & (step raw4 > $OUT/R-raw4.log 2>&1) &
+  wait; cat $OUT/R-*.log | grep -v '^\s*$' | tail -12
+  bench1 R ${R_TIMEOUT:-240}
+  (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 bench R-*.log) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -204,6 +220,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

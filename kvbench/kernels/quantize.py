@@ -140,10 +140,14 @@ def _quantize_store(
         n = tl.sqrt_rn(tl.sum(x * x, 1))
         u = tl.math.div_rn(x, tl.where(n == 0.0, 1.0, n)[:, None])
         r = _wht(u * tl.load(S1 + d)[None, :], BLOCK_R, D, A, INV_SQRT_D) * tl.load(S2 + d)[None, :]
+        # cell = number of boundaries below r; its centroid picked in registers as the count
+        # rises (boundaries ascend), so no gather waits on the count
         idx = tl.zeros([BLOCK_R, D], dtype=tl.int32)
-        for i in tl.static_range((1 << BITS) - 1):  # cell = number of boundaries below r
-            idx += (r > tl.load(BND + i)).to(tl.int32)
-        c = tl.load(CB + idx).to(tl.float32)
+        c = tl.zeros([BLOCK_R, D], dtype=tl.float32) + tl.load(CB)
+        for i in tl.static_range((1 << BITS) - 1):
+            above = r > tl.load(BND + i)
+            idx += above.to(tl.int32)
+            c = tl.where(above, tl.load(CB + i + 1).to(tl.float32), c)
         s = tl.math.div_rn(n, tl.sqrt_rn(tl.sum(c * c, 1)))
         tl.store(SCALE + dst, s.to(tl.float16), mask=rmask)
         shifts = tl.arange(0, CPG) * BITS
