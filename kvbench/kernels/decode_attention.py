@@ -19,7 +19,9 @@ Two launches (three for turbo K, which first rotates the query):
      wrong outputs while the interpreter agreed with the reference.
 2. `_decode_reduce_kernel`: one program per (batch, query head) merges the splits
    and the fresh token (k_new, v_new used exactly), inverse-rotates a turbo V
-   accumulator once, and writes the output.
+   accumulator once, and writes the output. With `append=True` it also stores the
+   fresh token into slot L in the cache's format (quantize-on-write), so a decode
+   step needs no write launch of its own.
 """
 
 from __future__ import annotations
