@@ -1,0 +1,115 @@
+#!/usr/bin/env python
+"""SASS instruction counts of the split kernel's main loop, compiled ahead of time for
+sm_90 on any machine (no GPU: triton's bundled ptxas and nvdisasm do the work).
+
+    python scripts/sass_loop.py                 # fp16 and int8, Llama-3.1-8B shapes, bf16
+    python scripts/sass_loop.py --modes int8 --block-n 64 --warps 2 --stages 2
+
+Prints, per mode, shared memory and, for each backward branch (a loop), its
+instruction count and the most frequent opcodes. The compiler is the local triton's
+(3.8 on the CPU machine), not the GPU machine's 3.6: use the counts for direction
+and size, and time the change on the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kvbench.kernels.decode_attention import _decode_split_kernel
+from kvbench.kernels.quantize import FORMAT_IDS
+from kvbench.kernels.reference import FORMATS
+
+ELEMENT = {"float": "*bf16", "int8": "*i8", "turbo4": "*u8", "turbo3": "*u8", "delegated": "*u8"}
+ALIGNED_INTS = ("stride_qb", "stride_qh", "cap", "v_cap", "hot_cap")  # multiples of 16 in practice
+
+
+def compile_split(mode: str, block_n: int, warps: int, stages: int, group: int = 4, dim: int = 128):
+    """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned."""
+    kf, vf = FORMATS[mode]
+    fn = _decode_split_kernel
+    pointers = {"Q": "*bf16", "K": ELEMENT[kf], "V": ELEMENT[vf], "VH": "*bf16", "LEN": "*i32", "COLD": "*i32"}
+    consts = {
+        "G": group, "D": dim, "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
+        "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf == "int8",
+        "PRECISION": "tf32", "PRMT": kf.startswith("turbo") or vf.startswith(("turbo", "delegated")),
+    }  # fmt: skip
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name == "qk_scale":
+            sig[name] = "fp32"
+        elif name in pointers or name.isupper():  # the other upper-case arguments are float32 or int32 tables
+            sig[name] = pointers.get(name, "*i32" if name.startswith("CB") else "*fp32")
+        else:
+            sig[name] = "i32"
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(fn.arg_names)
+        if sig[name].startswith("*") or name in ALIGNED_INTS
+    }
+    src = ASTSource(fn, sig, consts, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
+def loops(sass: str):
+    """[(start, end, [instructions])] for every backward branch in nvdisasm output."""
+    ins, labels, pending = [], {}, None
+    for line in sass.splitlines():
+        m = re.match(r"\s*\.(L_x_\d+):", line)
+        if m:
+            pending = m.group(1)
+            continue
+        m = re.search(r"/\*([0-9a-f]{4,})\*/\s*(.*?);", line)
+        if m:
+            addr = int(m.group(1), 16)
+            ins.append((addr, m.group(2).strip()))
+            if pending:
+                labels[pending], pending = addr, None
+    out = []
+    for addr, op in ins:
+        m = re.search(r"BRA.*`\(\.(L_x_\d+)\)", op)
+        if m and labels.get(m.group(1), addr) < addr:
+            lo = labels[m.group(1)]
+            out.append((lo, addr, [o for a, o in ins if lo <= a <= addr]))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", default="fp16,int8")
+    ap.add_argument("--block-n", type=int, default=128)
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--stages", type=int, default=3)
+    args = ap.parse_args()
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    for mode in args.modes.split(","):
+        kernel = compile_split(mode, args.block_n, args.warps, args.stages)
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(kernel.asm["cubin"])
+        try:
+            sass = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True).stdout
+        finally:
+            os.unlink(f.name)
+        print(f"{mode}: shared memory {kernel.metadata.shared // 1024} KB")
+        for lo, hi, body in loops(sass):
+            ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", o).split()[0].split(".")[0] for o in body)
+            top = ", ".join(f"{op} {n}" for op, n in ops.most_common(16))
+            print(f"  loop {lo:#06x}-{hi:#06x}: {len(body)} instructions; {top}")
+
+
+if __name__ == "__main__":
+    main()
