@@ -391,6 +391,16 @@ def test_decode_append_stores_slot_l(mode, fuse, group, seed):
     assert_same_writes(got, want, mode, kw, src, length, 1, seed)
 
 
+def test_decode_append_needs_turbo_boundaries():
+    """Appending a turbo token without its cell boundaries is refused in one line."""
+    dim = 32
+    kw = attn_kwargs(codec_kwargs("turbo4", dim))
+    bufs = make_cache("turbo4", 1, 1, dim, 8, 4, 0, F16, codec_kwargs("turbo4", dim))
+    q, k_new, v_new = torch.randn(3, 1, 1, dim).to(F16)
+    with pytest.raises(ValueError, match="needs k_boundaries"):
+        decode_attention("turbo4", q, k_new, v_new, bufs, 4, 0.2, append=True, **kw)
+
+
 def test_write_kv_matches_kv_turbo_module(seed):
     """The kernel writes what kvbench.kv.turbo.quantize stores (its codebook and signs)."""
     turbo = pytest.importorskip("kvbench.kv.turbo")

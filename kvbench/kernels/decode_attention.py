@@ -528,9 +528,10 @@ def default_config(mode: str) -> dict:
     (`deep_stages`: used while the grid leaves room for it, see `launch_stages`).
 
     The reduction runs one warp per (batch, query head) and stores the fresh token itself
-    (`fuse_append`): measured per kernel on the H200, reduction + write of every mode took
-    less time so than with 2 or 4 warps or with a separate write launch, except int8 at
-    2K (4 warps: 0.4 us faster there, 0.7 us slower at 32K; results/2026-12-01b-h200)."""
+    (`fuse_append`). Measured per kernel on the H200, reduction + write took less time
+    that way than with 2 or 4 warps or with a separate write launch, in every mode and
+    shape but one: int8 at 2K, where 4 warps were 0.4 us faster (and 0.7 us slower at
+    32K; results/2026-12-01b-h200)."""
     cfg = {"block_n": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": (2, 4)}
     cfg.update(fuse_append=True, reduce_warps=1)
     if mode == "fp16":
@@ -686,9 +687,9 @@ def decode_attention(
     `append=True` also stores the fresh token into slot L, exactly as
     `write_kv(mode, k_new, v_new, buffers, L, cold_length=C, ...)` would (turbo sides then
     need their boundaries too): inside the reduction kernel (`fuse_append`, default from
-    `default_config`), where the first program of each GQA group quantizes its kv head's
-    token, or else by a `write_kv` launch after it. Either way after the split kernel has
-    read [0, L), so slot L is free to write.
+    `default_config`), where the first and the last program of each GQA group store its
+    kv head's K and V, or else by a `write_kv` launch after it. Either way after the
+    split kernel has read [0, L), so slot L is free to write.
     """
     cfg = default_config(mode)
     block_n = block_n or cfg["block_n"]
@@ -738,6 +739,9 @@ def decode_attention(
     s1v, s2v = v_signs if rotated else (q, q)
     codecs = {"k_signs": k_signs, "k_codebook": k_codebook, "k_boundaries": k_boundaries}
     codecs.update(v_signs=v_signs, v_codebook=v_codebook, v_boundaries=v_boundaries)
+    for side, fmt in (("k", kf), ("v", vf)):
+        if append and fmt.startswith("turbo") and codecs[f"{side}_boundaries"] is None:
+            raise ValueError(f"decode_attention(append=True) in mode {mode} needs {side}_boundaries")
     fused = append and (cfg["fuse_append"] if fuse_append is None else fuse_append)
     reduce_warps = reduce_warps or cfg["reduce_warps"]
     if fused:
