@@ -369,13 +369,11 @@ def profile_parts(mode, b, length, dtype, device, cod, reps=10, append="none"):
     dcold = torch.tensor([cold], dtype=torch.int32, device=device)
 
     def step(bufs):
-        if append != "none":
-            decode_attention(mode, q, kn, vn, bufs, live, 1 / math.sqrt(D), cold_length=dcold, out=out, workspace=ws,
-                             **kw, **append_args(append))  # fmt: skip
-            return
+        codec = kw if append != "none" else attn_kwargs(kw)
         decode_attention(mode, q, kn, vn, bufs, live, 1 / math.sqrt(D), cold_length=dcold, out=out, workspace=ws,
-                         **attn_kwargs(kw), **append_args(append))  # fmt: skip
-        write_kv(mode, kn, vn, wbufs, slot, cold_length=wcold, **kw)
+                         **codec, **append_args(append))  # fmt: skip
+        if append == "none":
+            write_kv(mode, kn, vn, wbufs, slot, cold_length=wcold, **kw)
 
     for c in caches:
         step(c)

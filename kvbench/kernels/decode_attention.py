@@ -747,11 +747,10 @@ def decode_attention(
     if fused:
         tensors, sizes, consts = write_operands("decode_attention", mode, buffers, dim, *codecs.values())
     else:  # stand-ins, unused
-        tensors, sizes, consts = [q] * 12, [0, 0, 0], {"K_FMT": 0, "V_FMT": 0, "V_TOKEN_MAJOR": False}
+        tensors, sizes = [q] * 12, [0, 0, 0]
+        consts = {"K_FMT": 0, "V_FMT": 0, "V_TOKEN_MAJOR": False, "A": 1, "INV_SQRT_D": 1.0}
     if rotated:  # the write's Walsh-Hadamard parameters are the same (one head dim)
         consts.update(wht_params(dim))
-    consts.setdefault("A", 1)
-    consts.setdefault("INV_SQRT_D", 1.0)
     _decode_reduce_kernel[(b * hq,)](
         q, k_new, v_new, workspace.m, workspace.l, workspace.acc, s1v, s2v, out,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
