@@ -234,12 +234,16 @@ def copies_for(nbytes):
 
 
 def kernel_mode(name):
-    """A timed kernel's (mode, int8 V layout, turbo lookup): "int8-rowmajor" is int8 with V
-    stored [B, H, cap, D]; "<turbo mode>@gather" times the codebook gather instead of prmt."""
+    """A timed kernel's (mode, int8 V layout, turbo lookup, tile rows): "int8-rowmajor" is int8
+    with V stored [B, H, cap, D]; "<turbo mode>@gather" times the codebook gather instead of
+    prmt; "<mode>:chunked" / "<mode>:plain" force the split kernel's tile-row layout
+    (`row_layout`; otherwise the mode's default)."""
+    name, _, rows = name.partition(":")
+    chunk_rows = {"": None, "chunked": True, "plain": False}[rows]
     if name == "int8-rowmajor":
-        return "int8", "row-major", None
+        return "int8", "row-major", None, chunk_rows
     mode, _, lut = name.partition("@")
-    return mode, "token-major", lut or None
+    return mode, "token-major", lut or None, chunk_rows
 
 
 def l2_missing_caches(mode, b, length, dtype, device, int8_v="token-major"):
@@ -274,9 +278,9 @@ def append_args(append):
 def bench_mode(name, b, length, dtype, device, cod, configs, append="none"):
     """[(config, us)] for each tuning config of one mode and shape. With an append, the
     caches hold L - 1 tokens and each call also stores the fresh one into slot L - 1."""
-    mode, int8_v, lut = kernel_mode(name)
+    mode, int8_v, lut, chunk_rows = kernel_mode(name)
     kw = mode_kwargs(mode, cod) if append != "none" else attn_kwargs(mode_kwargs(mode, cod))
-    kw.update(append_args(append))
+    kw.update(append_args(append), chunk_rows=chunk_rows)
     cold = length - HOT
     caches, nbytes = l2_missing_caches(mode, b, length, dtype, device, int8_v)
     q = torch.randn(b, HQ, D, device=device, dtype=dtype)
@@ -310,7 +314,13 @@ def bench_mode(name, b, length, dtype, device, cod, configs, append="none"):
             )
 
         before = compiled_split_kernels()
-        results.append(({**cfg, **tune, "num_splits": ws.num_splits}, time_graph([call(c) for c in caches])))
+        try:
+            us = time_graph([call(c) for c in caches])
+        except triton.runtime.errors.OutOfResources:  # a tuning config past the shared memory: skipped
+            if cfg is configs[0]:
+                raise
+            continue
+        results.append(({**cfg, **tune, "num_splits": ws.num_splits}, us))
         key = (name, tuple(sorted(tune.items())))
         if key not in RESOURCES:
             RESOURCES[key] = resources(k for i, k in compiled_split_kernels().items() if i not in before)
@@ -342,6 +352,9 @@ def tuning_grid(grid, splits):
     if grid == "default":
         shapes = [(n, w) for n in (64, 128) for w in (4, 8)]
         counts = (max(1, splits // 2), splits, 2 * splits)
+    elif grid == "rows":  # chunked rows (fp16/int8): 2-8 warps, blocks of 2-8 runs
+        shapes = [(n, w) for n in (64, 128, 256) for w in (2, 4, 8) if (n, w) != (64, 8)]
+        counts = (max(1, splits // 2), splits, 2 * splits)
     else:
         shapes = [(32, 1), (64, 1), (64, 2), (128, 2), (128, 4), (128, 8)]
         counts = (splits, 2 * splits, 4 * splits)
@@ -351,12 +364,14 @@ def tuning_grid(grid, splits):
     ]
 
 
-def profile_parts(mode, b, length, dtype, device, cod, reps=10, append="none"):
+def profile_parts(name, b, length, dtype, device, cod, reps=10, append="none"):
     """Mean GPU time of each kernel of one layer's decode step (split, reduce, query
     rotation, write) at the launch defaults, from torch.profiler over eager calls that
     rotate through enough cache copies to miss L2. Launch gaps are not in these times.
     append "none": a separate write_kv into another cache; else decode_attention appends
-    the fresh token itself (`append_args`), a fused write showing up in the reduce."""
+    the fresh token itself (`append_args`), a fused write showing up in the reduce.
+    `name` as in `kernel_mode` (a lookup or tile-row variant; int8 V token-major)."""
+    mode, _, lut, chunk_rows = kernel_mode(name)
     kw = mode_kwargs(mode, cod)
     cold = length - HOT
     caches, _ = l2_missing_caches(mode, b, length, dtype, device)
@@ -371,7 +386,7 @@ def profile_parts(mode, b, length, dtype, device, cod, reps=10, append="none"):
     def step(bufs):
         codec = kw if append != "none" else attn_kwargs(kw)
         decode_attention(mode, q, kn, vn, bufs, live, 1 / math.sqrt(D), cold_length=dcold, out=out, workspace=ws,
-                         **codec, **append_args(append))  # fmt: skip
+                         lut=lut, chunk_rows=chunk_rows, **codec, **append_args(append))  # fmt: skip
         if append == "none":
             write_kv(mode, kn, vn, wbufs, slot, cold_length=wcold, **kw)
 
@@ -400,7 +415,9 @@ def main():
         default=",".join(ref.MODES),
         help="comma list of modes (int8-rowmajor: int8 with V stored [B, H, cap, D])",
     )
-    ap.add_argument("--grid", choices=("default", "wide"), default="default", help="the --tune sweep (see tuning_grid)")
+    ap.add_argument(
+        "--grid", choices=("default", "wide", "rows"), default="default", help="the --tune sweep (see tuning_grid)"
+    )
     ap.add_argument("--shapes", default=",".join(f"{b}x{n}" for b, n in SHAPES), help="comma list of BATCHxCONTEXT")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--once", action="store_true", help="one plain call per mode and shape (for a profiler), no timing")
@@ -457,7 +474,7 @@ def main():
         for mode in modes:
             cfg = default_config(kernel_mode(mode)[0])
             pps, nearest = cfg.pop("programs_per_sm"), cfg.pop("nearest", False)
-            for key in ("deep_stages", "fuse_append", "reduce_warps"):  # not launch knobs of the split kernel
+            for key in ("deep_stages", "fuse_append", "reduce_warps", "chunk_rows"):  # not split-kernel launch knobs
                 cfg.pop(key, None)
             cfg["num_stages"] = None  # as the launcher picks it (launch_stages)
             default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, pps, nearest)

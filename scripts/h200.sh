@@ -38,6 +38,8 @@
 #      attention with the append alone
 #   Q (carry .gpu/m0 .gpu/whl): the turbo write's centroid picked in registers: tests, per kernel, attention
 #   R (after Q, same machine, carry .gpu/m1 .gpu/whl): audit + raw turbo4 side by side, then the benchmark
+#   S (no carry; 2026-12-01, third session): chunked tile rows for fp16/int8: attention alone, both
+#      layouts; GPU time per kernel; the chunked layout's launch sweep (results/2026-12-01c-h200)
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -212,6 +214,19 @@ R)  # after Q, same machine (carry .gpu/m1 .gpu/whl): the audit and raw turbo4's
   wait; cat $OUT/R-*.log | grep -v '^\s*$' | tail -12
   bench1 R ${R_TIMEOUT:-240}
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 bench R-*.log) ;;
+S)  # 2026-12-01, third session: chunked tile rows for fp16/int8 (no carry). Attention alone, both
+    # row layouts side by side and checked against the reference; the chunked layout's launch sweep;
+    # GPU time per kernel with the append, both layouts
+  SH=1x2048,1x8192,1x32768,16x32768
+  timeout ${S1_TIMEOUT:-170} python3 scripts/bench_kernels.py --modes fp16:plain,fp16:chunked,int8:plain,int8:chunked \
+    --shapes $SH --append default > $OUT/kernels-rows.txt 2>&1; echo "kernels rc=$?"
+  grep -v "^batch\|turbo4 write" $OUT/kernels-rows.txt | tail -30
+  timeout ${S2_TIMEOUT:-90} python3 scripts/bench_kernels.py --parts --append default --shapes 1x2048,1x32768,16x32768 \
+    --modes fp16:plain,fp16:chunked,int8:plain,int8:chunked > $OUT/parts-rows.txt 2>&1; echo "parts rc=$?"
+  grep -v warn $OUT/parts-rows.txt | tail -14
+  timeout ${S3_TIMEOUT:-270} python3 scripts/bench_kernels.py --no-check --tune --grid rows --append default \
+    --modes int8:chunked,fp16:chunked --shapes 1x8192,1x32768,16x32768 > $OUT/kernels-rows-tune.txt 2>&1
+  echo "tune rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels-rows-tune.txt | tail -24 ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -220,6 +235,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*
