@@ -305,11 +305,11 @@ def _attend_range(
                     ah = wh if CHUNKS == 1 else tl.where(rc[:, None] == c, wh, 0).to(tl.int8)
                     al = wl if CHUNKS == 1 else tl.where(rc[:, None] == c, wl, 0).to(tl.int8)
                     if c == 0:
-                        ph = tl.dot(ah, vc)
-                        pl = tl.dot(al, vc)
+                        ph = tl.dot(ah, vc, out_dtype=tl.int32)
+                        pl = tl.dot(al, vc, out_dtype=tl.int32)
                     else:
-                        ph = tl.dot(ah, vc, ph)
-                        pl = tl.dot(al, vc, pl)
+                        ph = tl.dot(ah, vc, ph, out_dtype=tl.int32)
+                        pl = tl.dot(al, vc, pl, out_dtype=tl.int32)
                 else:
                     pc = p if CHUNKS == 1 else tl.where(rc[:, None] == c, p, 0.0)
                     if c == 0:
