@@ -233,17 +233,31 @@ def copies_for(nbytes):
     return max(1, min(16, math.ceil(4 * L2_BYTES / nbytes)))
 
 
+VARIANTS = {  # name suffixes (after ":", joined by "+") -> decode_attention launch overrides
+    "chunked": {"chunk_rows": True},
+    "plain": {"chunk_rows": False},
+    "wfirst": {"write_first": True},
+    "wlast": {"write_first": False},
+}
+
+
+VARIANTS_KEYS = {k for v in VARIANTS.values() for k in v}
+
+
 def kernel_mode(name):
-    """A timed kernel's (mode, int8 V layout, turbo lookup, tile rows): "int8-rowmajor" is int8
-    with V stored [B, H, cap, D]; "<turbo mode>@gather" times the codebook gather instead of
-    prmt; "<mode>:chunked" / "<mode>:plain" force the split kernel's tile-row layout
-    (`row_layout`; otherwise the mode's default)."""
-    name, _, rows = name.partition(":")
-    chunk_rows = {"": None, "chunked": True, "plain": False}[rows]
+    """A timed kernel's (mode, int8 V layout, turbo lookup, launch overrides): "int8-rowmajor"
+    is int8 with V stored [B, H, cap, D]; "<turbo mode>@gather" times the codebook gather
+    instead of prmt; "<mode>:chunked" / ":plain" force the split kernel's tile-row layout
+    (`row_layout`), ":wfirst" / ":wlast" where the reduction stores the fresh token (`VARIANTS`;
+    otherwise the mode's defaults)."""
+    name, _, opts = name.partition(":")
+    over = {}
+    for opt in filter(None, opts.split("+")):
+        over.update(VARIANTS[opt])
     if name == "int8-rowmajor":
-        return "int8", "row-major", None, chunk_rows
+        return "int8", "row-major", None, over
     mode, _, lut = name.partition("@")
-    return mode, "token-major", lut or None, chunk_rows
+    return mode, "token-major", lut or None, over
 
 
 def l2_missing_caches(mode, b, length, dtype, device, int8_v="token-major"):
@@ -278,9 +292,9 @@ def append_args(append):
 def bench_mode(name, b, length, dtype, device, cod, configs, append="none"):
     """[(config, us)] for each tuning config of one mode and shape. With an append, the
     caches hold L - 1 tokens and each call also stores the fresh one into slot L - 1."""
-    mode, int8_v, lut, chunk_rows = kernel_mode(name)
+    mode, int8_v, lut, over = kernel_mode(name)
     kw = mode_kwargs(mode, cod) if append != "none" else attn_kwargs(mode_kwargs(mode, cod))
-    kw.update(append_args(append), chunk_rows=chunk_rows)
+    kw.update(append_args(append), **over)
     cold = length - HOT
     caches, nbytes = l2_missing_caches(mode, b, length, dtype, device, int8_v)
     q = torch.randn(b, HQ, D, device=device, dtype=dtype)
@@ -371,7 +385,7 @@ def profile_parts(name, b, length, dtype, device, cod, reps=10, append="none"):
     append "none": a separate write_kv into another cache; else decode_attention appends
     the fresh token itself (`append_args`), a fused write showing up in the reduce.
     `name` as in `kernel_mode` (a lookup or tile-row variant; int8 V token-major)."""
-    mode, _, lut, chunk_rows = kernel_mode(name)
+    mode, _, lut, over = kernel_mode(name)
     kw = mode_kwargs(mode, cod)
     cold = length - HOT
     caches, _ = l2_missing_caches(mode, b, length, dtype, device)
@@ -386,7 +400,7 @@ def profile_parts(name, b, length, dtype, device, cod, reps=10, append="none"):
     def step(bufs):
         codec = kw if append != "none" else attn_kwargs(kw)
         decode_attention(mode, q, kn, vn, bufs, live, 1 / math.sqrt(D), cold_length=dcold, out=out, workspace=ws,
-                         lut=lut, chunk_rows=chunk_rows, **codec, **append_args(append))  # fmt: skip
+                         lut=lut, **over, **codec, **append_args(append))  # fmt: skip
         if append == "none":
             write_kv(mode, kn, vn, wbufs, slot, cold_length=wcold, **kw)
 
@@ -474,7 +488,7 @@ def main():
         for mode in modes:
             cfg = default_config(kernel_mode(mode)[0])
             pps, nearest = cfg.pop("programs_per_sm"), cfg.pop("nearest", False)
-            for key in ("deep_stages", "fuse_append", "reduce_warps", "chunk_rows"):  # not split-kernel launch knobs
+            for key in ("deep_stages", "fuse_append", "reduce_warps", *VARIANTS_KEYS):  # not split-kernel launch knobs
                 cfg.pop(key, None)
             cfg["num_stages"] = None  # as the launcher picks it (launch_stages)
             default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, pps, nearest)

@@ -40,6 +40,8 @@
 #   R (after Q, same machine, carry .gpu/m1 .gpu/whl): audit + raw turbo4 side by side, then the benchmark
 #   S (no carry; 2026-12-01, third session): chunked tile rows for fp16/int8: attention alone, both
 #      layouts; GPU time per kernel; the chunked layout's launch sweep (results/2026-12-01c-h200)
+#   T (no carry, after S): int8's chunked rows with a block-diagonal p @ V; the fresh token's write at the
+#      start of the reduction (wfirst) vs its end, every mode: attention + append alone, per kernel
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -227,6 +229,19 @@ S)  # 2026-12-01, third session: chunked tile rows for fp16/int8 (no carry). Att
   timeout ${S3_TIMEOUT:-270} python3 scripts/bench_kernels.py --no-check --tune --grid rows --append default \
     --modes int8:chunked,fp16:chunked --shapes 1x8192,1x32768,16x32768 > $OUT/kernels-rows-tune.txt 2>&1
   echo "tune rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels-rows-tune.txt | tail -24 ;;
+T)  # after S: int8's chunked rows with one block-diagonal p @ V dot over the whole V tile, and the fresh
+    # token stored at the start of the reduction (wfirst) vs its end: attention + append alone, per kernel
+  SH=1x2048,1x8192,1x32768,16x32768
+  V=fp16,fp16:wfirst,int8:plain,int8:chunked,int8:chunked+wfirst,turbo4-asym,turbo4-asym:wfirst,turbo3-asym
+  V=$V,turbo3-asym:wfirst,turbo4,turbo4:wfirst,turbo4-delegated,turbo4-delegated:wfirst
+  timeout ${T1_TIMEOUT:-200} python3 scripts/bench_kernels.py --modes $V --shapes $SH --append default \
+    > $OUT/kernels-t.txt 2>&1; echo "kernels rc=$?"
+  grep -v "^batch\|turbo4 write" $OUT/kernels-t.txt | tail -60
+  timeout ${T2_TIMEOUT:-120} python3 scripts/bench_kernels.py --parts --append default --shapes 1x2048,1x32768,16x32768 \
+    --modes $V > $OUT/parts-t.txt 2>&1; echo "parts rc=$?"; grep -v warn $OUT/parts-t.txt | tail -42
+  timeout ${T3_TIMEOUT:-150} python3 scripts/bench_kernels.py --no-check --tune --grid rows --append default \
+    --modes int8:chunked --shapes 1x32768,16x32768 > $OUT/kernels-t-tune.txt 2>&1
+  echo "tune rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels-t-tune.txt | tail -12 ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)

@@ -391,12 +391,17 @@ def assert_same_writes(got, want, mode, kw, src, slot, tokens, seed):
             assert torch.equal(a, w), f"seed {seed}: {key}"
 
 
-@pytest.mark.parametrize("fuse,group", [(True, 1), (True, 3), (False, 2)], ids=["fused-G1", "fused-G3", "launch-G2"])
+@pytest.mark.parametrize(
+    "fuse,group,first",
+    [(True, 1, False), (True, 3, False), (True, 3, True), (False, 2, False)],
+    ids=["fused-G1", "fused-G3", "fused-first-G3", "launch-G2"],
+)
 @pytest.mark.parametrize("mode", ref.MODES)
-def test_decode_append_stores_slot_l(mode, fuse, group, seed):
+def test_decode_append_stores_slot_l(mode, fuse, group, first, seed):
     """decode_attention(append=True) returns the same attention and leaves the cache as the
     reference's attention then write of the fresh token into slot L (C for delegated);
-    fused, K and V are stored by the first and last program of each GQA group."""
+    fused, K and V are stored by the first and last program of each GQA group, after the
+    merge or (`write_first`) before it."""
     b, hkv, dim, length, cap, cold = 2, 3, 64, 37, 50, 20
     kw = codec_kwargs(mode, dim)
     got = make_cache(mode, b, hkv, dim, cap, length, cold, F16, kw)
@@ -406,7 +411,9 @@ def test_decode_append_stores_slot_l(mode, fuse, group, seed):
     out = torch.full_like(q, float("nan"))
     args = (mode, q, k_new, v_new)
     length_t, cold_t = torch.tensor([length], dtype=torch.int32), torch.tensor([cold], dtype=torch.int32)
-    decode_attention(*args, got, length_t, 0.125, cold_length=cold_t, out=out, append=True, fuse_append=fuse, **kw)
+    decode_attention(
+        *args, got, length_t, 0.125, cold_length=cold_t, out=out, append=True, fuse_append=fuse, write_first=first, **kw
+    )
     expected = ref.decode_attention(*args, want, length, 0.125, cold_length=cold, **attn_kwargs(kw))
     ref.write_kv(mode, k_new, v_new, want, length, cold_length=cold, **kw)
     err = max_rel(out, expected)

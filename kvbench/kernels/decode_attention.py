@@ -187,6 +187,19 @@ def _split_int8(x):
 
 
 @triton.jit
+def _spread_runs(x, rc, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr):
+    """[R, CH] weights of run rows -> [R, BLOCK_N]: row r's weights in the columns of its own
+    run rc[r] and zeros elsewhere (block-diagonal), so one dot with the block's whole V tile
+    serves every run."""
+    if CHUNKS == 1:
+        return x
+    CH: tl.constexpr = BLOCK_N // CHUNKS
+    R: tl.constexpr = x.shape[0]
+    y = tl.reshape(tl.broadcast_to(x[:, None, :], [R, CHUNKS, CH]), [R, BLOCK_N])
+    return tl.where(rc[:, None] == (tl.arange(0, BLOCK_N) // CH)[None, :], y, tl.zeros_like(y))
+
+
+@triton.jit
 def _attend_range(
     qa,
     qb,
@@ -290,34 +303,23 @@ def _attend_range(
         p = tl.math.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
-        if not V_CODES:
-            if V_FMT == INT8:
+        if not V_CODES:  # one [BLOCK_N, D] tile: a d-row of token-major int8 V is BLOCK_N contiguous bytes
+            tv = n0 + tl.arange(0, BLOCK_N)
+            if V_FMT == INT8 and V_TOKEN_MAJOR:  # V stored [B, H, D, cap]: tokens contiguous, as the int8 dot wants
+                # masked at the padded capacity, not at L: constant over 16-token runs, so the
+                # loads stay 16-byte vectors (codes past L meet a zero weight; int8 has no NaN)
+                v = tl.trans(tl.load(V + d[:, None] * v_cap + tv[None, :], mask=tv[None, :] < v_cap, other=0))
+            else:  # rows of D
+                v = tl.load(V + (v_row0 + tv)[:, None] * D + d[None, :], mask=(tv < hi)[:, None], other=0)
+            if V_FMT == INT8:  # |dot| <= 127^2 * BLOCK_N: hi * 254 + lo fits int32 for BLOCK_N <= 256
                 wh, wl, unit = _split_int8(p * tl.load(VS + v_row0 + tok, mask=smask, other=0.0))
-            for c in tl.static_range(CHUNKS):
-                tc = n0 + c * CH + offs
-                if V_FMT == INT8 and V_TOKEN_MAJOR:  # V stored [B, H, D, cap]: tokens contiguous, as the int8 dot wants
-                    # masked at the padded capacity, not at L: constant over 16-token runs, so the
-                    # loads stay 16-byte vectors (codes past L meet a zero weight; int8 has no NaN)
-                    vc = tl.trans(tl.load(V + d[:, None] * v_cap + tc[None, :], mask=tc[None, :] < v_cap, other=0))
-                else:  # V points at this (batch, head)'s plane when token-major; else rows of D
-                    vc = tl.load(V + (v_row0 + tc)[:, None] * D + d[None, :], mask=(tc < hi)[:, None], other=0)
-                if V_FMT == INT8:
-                    ah = wh if CHUNKS == 1 else tl.where(rc[:, None] == c, wh, 0).to(tl.int8)
-                    al = wl if CHUNKS == 1 else tl.where(rc[:, None] == c, wl, 0).to(tl.int8)
-                    if c == 0:
-                        ph = tl.dot(ah, vc, out_dtype=tl.int32)
-                        pl = tl.dot(al, vc, out_dtype=tl.int32)
-                    else:
-                        ph = tl.dot(ah, vc, ph, out_dtype=tl.int32)
-                        pl = tl.dot(al, vc, pl, out_dtype=tl.int32)
-                else:
-                    pc = p if CHUNKS == 1 else tl.where(rc[:, None] == c, p, 0.0)
-                    if c == 0:
-                        pv = tl.dot(pc.to(vc.dtype), vc, input_precision=PRECISION)
-                    else:
-                        pv = tl.dot(pc.to(vc.dtype), vc, pv, input_precision=PRECISION)
-            if V_FMT == INT8:  # |ph| <= 127^2 * BLOCK_N: hi * 254 + lo fits int32 for BLOCK_N <= 256
-                pv = (ph * 254 + pl).to(tl.float32) * (unit * (1.0 / 254.0))[:, None]
+                wh = _spread_runs(wh, rc, BLOCK_N, CHUNKS)
+                wl = _spread_runs(wl, rc, BLOCK_N, CHUNKS)
+                pv = tl.dot(wh, v, out_dtype=tl.int32) * 254 + tl.dot(wl, v, out_dtype=tl.int32)
+                pv = pv.to(tl.float32) * (unit * (1.0 / 254.0))[:, None]
+            else:
+                pf = _spread_runs(p.to(v.dtype), rc, BLOCK_N, CHUNKS)
+                pv = tl.dot(pf, v, input_precision=PRECISION)
         else:
             c = _centroids(v_cur, CBV, V_BITS, D, BLOCK_N, PRMT)
             pv = tl.dot((p * v_scale.to(tl.float32)[None, :]).to(tl.float16), c)
@@ -443,6 +445,25 @@ def _decode_split_kernel(
 
 
 @triton.jit
+def _append_fresh(
+    kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV, cap_k, cap_v, v_stride_d,
+    G: tl.constexpr, D: tl.constexpr, K_FMT: tl.constexpr, V_FMT: tl.constexpr, V_TOKEN_MAJOR: tl.constexpr,
+    A: tl.constexpr, INV_SQRT_D: tl.constexpr,
+):  # fmt: skip
+    """The fresh token into slot L, in the cache's format: K by the GQA group's first program, V by its last."""
+    kv_row = tl.full([1], b * (Hq // G) + h // G, tl.int32)
+    one = kv_row >= 0
+    slot = tl.load(LEN)
+    if h % G == 0:
+        _quantize_store(kn[None, :], kv_row, slot, one, DK, SK, S1K, S2K, CBK, BNK, cap_k, 0, K_FMT, False,
+                        D, 1, A, INV_SQRT_D)  # fmt: skip
+    if h % G == G - 1:
+        v_slot = slot - tl.load(COLD) if V_FMT == HOT else slot
+        _quantize_store(vn[None, :], kv_row, v_slot, one, DV, SV, S1V, S2V, CBV, BNV, cap_v, v_stride_d, V_FMT,
+                        V_TOKEN_MAJOR, D, 1, A, INV_SQRT_D)  # fmt: skip
+
+
+@triton.jit
 def _decode_reduce_kernel(
     Q,
     KN,
@@ -487,6 +508,7 @@ def _decode_reduce_kernel(
     ROTATED: tl.constexpr,
     HAS_HOT: tl.constexpr,
     APPEND: tl.constexpr,
+    WRITE_FIRST: tl.constexpr,
     K_FMT: tl.constexpr,
     V_FMT: tl.constexpr,
     V_TOKEN_MAJOR: tl.constexpr,
@@ -501,6 +523,9 @@ def _decode_reduce_kernel(
     q = tl.load(Q + b * stride_qb + h * stride_qh + d).to(tl.float32)
     kn = tl.load(KN + b * stride_kb + (h // G) * stride_kh + d).to(tl.float32)
     vn = tl.load(VN + b * stride_vb + (h // G) * stride_vh + d).to(tl.float32)
+    if APPEND and WRITE_FIRST:  # independent of the splits: its latency overlaps the merge's loads
+        _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
+                      cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, A, INV_SQRT_D)  # fmt: skip
     m = tl.sum(q * kn, 0) * qk_scale  # the fresh token starts the merge: m is finite
     l_sum = m * 0.0 + 1.0
     w_new = m * 0.0 + 1.0
@@ -527,18 +552,10 @@ def _decode_reduce_kernel(
         acc = _wht((acc * tl.load(S2 + d))[None, :], 1, D, A, INV_SQRT_D)
         acc = tl.reshape(acc, [D]) * tl.load(S1 + d)
     out = (acc + acc_hot + w_new * vn) / l_sum
-    if APPEND:  # the fresh token into slot L: K by the group's first program, V by its last
-        # (after every load above: a cross-warp reduction's barrier here would hold them back)
-        kv_row = tl.full([1], b * (Hq // G) + h // G, tl.int32)
-        one = kv_row >= 0
-        slot = tl.load(LEN)
-        if h % G == 0:
-            _quantize_store(kn[None, :], kv_row, slot, one, DK, SK, S1K, S2K, CBK, BNK, cap_k, 0, K_FMT, False,
-                            D, 1, A, INV_SQRT_D)  # fmt: skip
-        if h % G == G - 1:
-            v_slot = slot - tl.load(COLD) if V_FMT == HOT else slot
-            _quantize_store(vn[None, :], kv_row, v_slot, one, DV, SV, S1V, S2V, CBV, BNV, cap_v, v_stride_d, V_FMT,
-                            V_TOKEN_MAJOR, D, 1, A, INV_SQRT_D)  # fmt: skip
+    if APPEND and not WRITE_FIRST:  # after every load above: a cross-warp reduction's barrier
+        # in the write would hold them back (4-warp reductions, 2026-12-01)
+        _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
+                      cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, A, INV_SQRT_D)  # fmt: skip
     tl.store(OUT + b * stride_ob + h * stride_oh + d, out.to(OUT.dtype.element_ty))
 
 
@@ -591,7 +608,7 @@ def default_config(mode: str) -> dict:
     shape but one: int8 at 2K, where 4 warps were 0.4 us faster (and 0.7 us slower at
     32K; results/2026-12-01b-h200)."""
     cfg = {"block_n": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": (2, 4)}
-    cfg.update(fuse_append=True, reduce_warps=1, chunk_rows=False)
+    cfg.update(fuse_append=True, reduce_warps=1, chunk_rows=False, write_first=False)
     if mode == "fp16":
         cfg["programs_per_sm"] = (1, 1)
     elif mode == "int8":  # token-major V: ~2 programs per SM at batch 1 and 16 (2026-11-30 sweep)
@@ -741,6 +758,7 @@ def decode_attention(
     fuse_append: bool | None = None,
     reduce_warps: int | None = None,
     chunk_rows: bool | None = None,
+    write_first: bool | None = None,
     k_boundaries: torch.Tensor | None = None,
     v_boundaries: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -829,7 +847,8 @@ def decode_attention(
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         out.stride(0), out.stride(1), hq, s, qk_scale, *tensors, length, cold, *sizes,
         G=group, D=dim, BLOCK_S=min(64 if reduce_warps >= 4 else 32, triton.next_power_of_2(s)), ROTATED=rotated,
-        HAS_HOT=vf == "delegated", APPEND=fused, num_warps=reduce_warps, **consts,
+        HAS_HOT=vf == "delegated", APPEND=fused, WRITE_FIRST=cfg["write_first"] if write_first is None else write_first,
+        num_warps=reduce_warps, **consts,
     )  # fmt: skip
     if append and not fused:
         write_kv(mode, k_new, v_new, buffers, length, cold_length=cold, **codecs)
