@@ -234,8 +234,6 @@ def copies_for(nbytes):
 
 
 VARIANTS = {  # name suffixes (after ":", joined by "+") -> decode_attention launch overrides
-    "chunked": {"chunk_rows": True},
-    "plain": {"chunk_rows": False},
     "wfirst": {"write_first": True},
     "wlast": {"write_first": False},
 }
@@ -247,9 +245,8 @@ VARIANTS_KEYS = {k for v in VARIANTS.values() for k in v}
 def kernel_mode(name):
     """A timed kernel's (mode, int8 V layout, turbo lookup, launch overrides): "int8-rowmajor"
     is int8 with V stored [B, H, cap, D]; "<turbo mode>@gather" times the codebook gather
-    instead of prmt; "<mode>:chunked" / ":plain" force the split kernel's tile-row layout
-    (`row_layout`), ":wfirst" / ":wlast" where the reduction stores the fresh token (`VARIANTS`;
-    otherwise the mode's defaults)."""
+    instead of prmt; "<mode>:wfirst" / ":wlast" force where the reduction stores the fresh
+    token (`VARIANTS`, joined by "+"; otherwise the mode's defaults)."""
     name, _, opts = name.partition(":")
     over = {}
     for opt in filter(None, opts.split("+")):
@@ -366,7 +363,7 @@ def tuning_grid(grid, splits):
     if grid == "default":
         shapes = [(n, w) for n in (64, 128) for w in (4, 8)]
         counts = (max(1, splits // 2), splits, 2 * splits)
-    elif grid == "rows":  # chunked rows (fp16/int8): 2-8 warps, blocks of 2-8 runs
+    elif grid == "rows":  # fp16/int8: 2-8 warps, 64-256 token blocks
         shapes = [(n, w) for n in (64, 128, 256) for w in (2, 4, 8) if (n, w) != (64, 8)]
         counts = (max(1, splits // 2), splits, 2 * splits)
     else:

@@ -42,6 +42,9 @@
 #      layouts; GPU time per kernel; the chunked layout's launch sweep (results/2026-12-01c-h200)
 #   T (no carry, after S): int8's chunked rows with a block-diagonal p @ V; the fresh token's write at the
 #      start of the reduction (wfirst) vs its end, every mode: attention + append alone, per kernel
+#   U (carry .gpu/m0, after chunked rows were reverted and fp16/int8 took write_first): per kernel,
+#      attention + append alone, the benchmark
+#   V (after U, same machine, carry .gpu/m1 .gpu/whl): the audit beside the kernel and engine tests
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -242,6 +245,21 @@ T)  # after S: int8's chunked rows with one block-diagonal p @ V dot over the wh
   timeout ${T3_TIMEOUT:-150} python3 scripts/bench_kernels.py --no-check --tune --grid rows --append default \
     --modes int8:chunked --shapes 1x32768,16x32768 > $OUT/kernels-t-tune.txt 2>&1
   echo "tune rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels-t-tune.txt | tail -12 ;;
+U)  # the final code of 2026-12-01's third session (carry .gpu/m0): GPU time per kernel, attention + append
+    # alone, the benchmark
+  cp .gpu/m0/* $M/
+  timeout ${U1_TIMEOUT:-100} python3 scripts/bench_kernels.py --parts --shapes 1x2048,1x32768,16x32768 \
+    --append default > $OUT/parts.txt 2>&1; echo "parts rc=$?"; grep -v warn $OUT/parts.txt | tail -20
+  timeout ${U2_TIMEOUT:-100} python3 scripts/bench_kernels.py --no-check --append default > $OUT/kernels.txt 2>&1
+  echo "kernels rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels.txt | tail -22
+  bench1 U ${U_TIMEOUT:-260}
+  (cd $OUT && tar czf all.tgz bench U-bench.log parts.txt kernels.txt kernels.csv) ;;
+V)  # after U, same machine (carry .gpu/m1 .gpu/whl): the audit and the kernel and engine tests side by side
+  [[ -f $M/part00 ]] || { echo "part00 missing: the machine was not the one of phase U"; exit 3; }
+  cp .gpu/m1/* $M/ && cat $M/part0* > $G && sha256sum $G && wheels
+  (step audit > $OUT/V-audit.log 2>&1) & (TEST_TIMEOUT=${TEST_TIMEOUT:-300} step ktests > $OUT/V-ktests.log 2>&1) &
+  wait; cat $OUT/V-*.log | grep -v '^\s*$' | tail -12
+  (cd $OUT && tar czf all.tgz audit V-*.log gpu-kernel-tests.txt) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -250,6 +268,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

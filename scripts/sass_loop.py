@@ -4,7 +4,6 @@ sm_90 on any machine (no GPU: triton's bundled ptxas and nvdisasm do the work).
 
     python scripts/sass_loop.py                 # fp16 and int8, Llama-3.1-8B shapes, bf16
     python scripts/sass_loop.py --modes int8 --block-n 64 --warps 2 --stages 2
-    python scripts/sass_loop.py --chunk-rows off   # heads as tile rows (the layout before chunked rows)
 
 Prints, per mode, shared memory and, for each backward branch (a loop), its
 instruction count and the most frequent opcodes. The compiler is the local triton's
@@ -29,7 +28,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvbench.kernels.decode_attention import _decode_split_kernel, default_config, row_layout
+from kvbench.kernels.decode_attention import _decode_split_kernel
 from kvbench.kernels.quantize import FORMAT_IDS
 from kvbench.kernels.reference import FORMATS
 
@@ -37,16 +36,13 @@ ELEMENT = {"float": "*bf16", "int8": "*i8", "turbo4": "*u8", "turbo3": "*u8", "d
 ALIGNED_INTS = ("stride_qb", "stride_qh", "cap", "v_cap", "hot_cap")  # multiples of 16 in practice
 
 
-def compile_split(mode: str, block_n: int, warps: int, stages: int, group: int = 4, dim: int = 128, chunk_rows=None):
-    """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned
-    (`chunk_rows`: the tile-row layout, None for the mode's default)."""
+def compile_split(mode: str, block_n: int, warps: int, stages: int, group: int = 4, dim: int = 128):
+    """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned."""
     kf, vf = FORMATS[mode]
-    if chunk_rows is None:
-        chunk_rows = default_config(mode)["chunk_rows"]
     fn = _decode_split_kernel
     pointers = {"Q": "*bf16", "K": ELEMENT[kf], "V": ELEMENT[vf], "VH": "*bf16", "LEN": "*i32", "COLD": "*i32"}
     consts = {
-        "G": group, "D": dim, **row_layout(kf, vf, group, block_n, chunk_rows),
+        "G": group, "D": dim, "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
         "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf == "int8",
         "PRECISION": "tf32", "PRMT": kf.startswith("turbo") or vf.startswith(("turbo", "delegated")),
     }  # fmt: skip
@@ -98,12 +94,10 @@ def main():
     ap.add_argument("--block-n", type=int, default=128)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=3)
-    ap.add_argument("--chunk-rows", choices=["default", "on", "off"], default="default", help="tile-row layout")
     args = ap.parse_args()
-    chunk_rows = {"default": None, "on": True, "off": False}[args.chunk_rows]
     nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
     for mode in args.modes.split(","):
-        kernel = compile_split(mode, args.block_n, args.warps, args.stages, chunk_rows=chunk_rows)
+        kernel = compile_split(mode, args.block_n, args.warps, args.stages)
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
             f.write(kernel.asm["cubin"])
         try:

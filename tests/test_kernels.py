@@ -34,7 +34,6 @@ from kvbench.kernels.decode_attention import (
     launch_stages,
     lut_path,
     prmt_table,
-    row_layout,
 )
 from kvbench.kernels.quantize import rotate, write_kv
 
@@ -129,7 +128,7 @@ def tolerance(mode, dtype):
     return 4e-3
 
 
-def run_decode(mode, b, hkv, group, dim, length, cap, dtype, num_splits, cold=None, int8_v="token-major", **launch):
+def run_decode(mode, b, hkv, group, dim, length, cap, dtype, num_splits, cold=None, int8_v="token-major"):
     kw = codec_kwargs(mode, dim)
     cold = length // 2 if cold is None else cold
     bufs = make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw, int8_v)
@@ -139,7 +138,7 @@ def run_decode(mode, b, hkv, group, dim, length, cap, dtype, num_splits, cold=No
     sm_scale = 1 / math.sqrt(dim)
     out = torch.full_like(q, float("nan"))
     args = (mode, q, k_new, v_new, bufs, torch.tensor([length], dtype=torch.int32), sm_scale)
-    decode_attention(*args, cold_length=cold, out=out, num_splits=num_splits, **attn_kwargs(kw), **launch)
+    decode_attention(*args, cold_length=cold, out=out, num_splits=num_splits, **attn_kwargs(kw))
     expected = ref.decode_attention(*args, cold_length=cold, **attn_kwargs(kw))
     return out, expected
 
@@ -181,35 +180,6 @@ def test_decode_int8_row_major_v(case, seed):
     out, expected = run_decode("int8", *case, int8_v="row-major")
     assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
     assert max_rel(out, expected) < tolerance("int8", case[6]), f"seed {seed}"
-
-
-@pytest.mark.parametrize("chunk_rows", [True, False], ids=["chunked", "plain"])
-@pytest.mark.parametrize(
-    "case",
-    [
-        (1, 2, 4, 64, 300, 333, F16, 3),  # 4 runs of 32 tokens; L ends inside a run
-        (2, 1, 1, 32, 45, 64, F32, 2),  # G = 1: 4 runs and 12 padding rows; runs past L see no token
-        (1, 1, 3, 64, 161, 200, F32, 1),  # G = 3 (the default model): a padded head in every run
-        (1, 2, 7, 128, 100, 130, F16, None),  # G = 7: 2 runs of 64
-    ],
-    ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}-cap{}-{}-s{}".format(*c),
-)
-@pytest.mark.parametrize("mode", ["fp16", "int8"])
-def test_decode_chunked_rows(mode, case, chunk_rows, seed):
-    """Both tile-row layouts of the split kernel (`row_layout`) against the reference."""
-    out, expected = run_decode(mode, *case, chunk_rows=chunk_rows)
-    assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
-    err = max_rel(out, expected)
-    assert err < tolerance(mode, case[6]), f"seed {seed}: max rel error {err:.2e}"
-
-
-def test_row_layout():
-    assert row_layout("int8", "int8", 4, 128, True) == {"BLOCK_G": 16, "GP": 4, "BLOCK_N": 128, "CHUNKS": 4}
-    assert row_layout("int8", "int8", 4, 128, False)["CHUNKS"] == 1
-    assert row_layout("float", "turbo4", 4, 128, True)["CHUNKS"] == 1  # codes: heads as rows
-    assert row_layout("float", "float", 1, 128, True) == {"BLOCK_G": 16, "GP": 1, "BLOCK_N": 128, "CHUNKS": 4}
-    assert row_layout("int8", "int8", 16, 128, True) == {"BLOCK_G": 16, "GP": 16, "BLOCK_N": 128, "CHUNKS": 1}
-    assert row_layout("int8", "int8", 4, 32, True)["CHUNKS"] == 1  # runs keep >= 32 tokens
 
 
 def test_token_major_layout():

@@ -187,19 +187,6 @@ def _split_int8(x):
 
 
 @triton.jit
-def _spread_runs(x, rc, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr):
-    """[R, CH] weights of run rows -> [R, BLOCK_N]: row r's weights in the columns of its own
-    run rc[r] and zeros elsewhere (block-diagonal), so one dot with the block's whole V tile
-    serves every run."""
-    if CHUNKS == 1:
-        return x
-    CH: tl.constexpr = BLOCK_N // CHUNKS
-    R: tl.constexpr = x.shape[0]
-    y = tl.reshape(tl.broadcast_to(x[:, None, :], [R, CHUNKS, CH]), [R, BLOCK_N])
-    return tl.where(rc[:, None] == (tl.arange(0, BLOCK_N) // CH)[None, :], y, tl.zeros_like(y))
-
-
-@triton.jit
 def _attend_range(
     qa,
     qb,
@@ -219,28 +206,16 @@ def _attend_range(
     k_row0,
     v_row0,
     v_cap,
-    rc,
     K_FMT: tl.constexpr,
     V_FMT: tl.constexpr,
     V_TOKEN_MAJOR: tl.constexpr,
     RESCALE_OTHER: tl.constexpr,
     D: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CHUNKS: tl.constexpr,
-    PAD_ROWS: tl.constexpr,
     PRECISION: tl.constexpr,
     PRMT: tl.constexpr,
 ):
     """Online softmax over tokens [lo, hi): returns updated (m, l, acc, acc_other).
-
-    Chunked rows (CHUNKS > 1, fp16/int8 K and V only): each block of BLOCK_N tokens is
-    cut into CHUNKS runs of CH tokens, and row r of the tile (chunk rc[r], query head
-    r % G') scores only the tokens of its run, so the [rows, CH] score tile holds no
-    padded rows: a 4-head GQA group fills the 16 rows of a tensor-core tile with 4 runs
-    instead of 12 rows of padding, and the float work on scores and weights (scaling,
-    exp2, int8 splits) shrinks 4x. Each (chunk, head) row is its own online softmax;
-    the caller merges the rows of a head at the end. The dots run once per run, with
-    the rows of other runs selected away (tensor-core work is not what bounds decode).
 
     Triton pipelines (cp.async) only loads that feed a dot; the packed codes and
     scales of turbo formats are prefetched here by hand, one block ahead, in registers.
@@ -248,10 +223,8 @@ def _attend_range(
     """
     V_BITS: tl.constexpr = 4 if V_FMT == TURBO4 else 3
     V_CODES: tl.constexpr = V_FMT != FLOAT and V_FMT != INT8  # turbo codes (delegated is split by the caller)
-    CH: tl.constexpr = BLOCK_N // CHUNKS  # tokens per run
-    tl.static_assert(CHUNKS == 1 or not (K_FMT == TURBO4 or V_CODES))
     d = tl.arange(0, D)
-    offs = tl.arange(0, CH)
+    offs = tl.arange(0, BLOCK_N)
     if K_FMT == TURBO4:
         k_pk = _load_packed(K, k_row0 + lo + offs, lo + offs < hi, 4, D, BLOCK_N, PRMT)
         k_sc = tl.load(KS + k_row0 + lo + offs, mask=lo + offs < hi, other=0.0)
@@ -260,6 +233,9 @@ def _attend_range(
         v_sc = tl.load(VS + v_row0 + lo + offs, mask=lo + offs < hi, other=0.0)
     for n0 in range(lo, hi, BLOCK_N):
         t = n0 + offs
+        mask = t < hi
+        kr = k_row0 + t
+        vr = v_row0 + t
         nxt = t + BLOCK_N
         if K_FMT == TURBO4:
             k_cur, k_scale = k_pk, k_sc
@@ -269,57 +245,38 @@ def _attend_range(
             v_cur, v_scale = v_pk, v_sc
             v_pk = _load_packed(V, v_row0 + nxt, nxt < hi, V_BITS, D, BLOCK_N, PRMT)
             v_sc = tl.load(VS + v_row0 + nxt, mask=nxt < hi, other=0.0)
-        # the token each score is of: row r scores token n0 + rc[r] * CH + j
-        tok = t[None, :] if CHUNKS == 1 else n0 + rc[:, None] * CH + offs[None, :]
-        smask = tok < hi
-        if PAD_ROWS:  # rows past the last run (the group is too small to fill 16 rows)
-            smask = smask & (rc < CHUNKS)[:, None]
-        # scores in log2 units [BLOCK_G, CH]
-        if K_FMT != TURBO4:  # fp16 or int8 K
-            for c in tl.static_range(CHUNKS):
-                tc = n0 + c * CH + offs
-                kc = tl.load(K + (k_row0 + tc)[:, None] * D + d[None, :], mask=(tc < hi)[:, None], other=0)
-                if K_FMT == INT8:  # hi * 254 + lo in int32 (|.| < 2^31 for D <= 256): one conversion
-                    kt = tl.trans(kc)
-                    sc = tl.dot(qa, kt) * 254 + tl.dot(qb, kt)
-                else:
-                    sc = tl.dot(qa, tl.trans(kc), input_precision=PRECISION)
-                if c == 0:
-                    s = sc
-                else:
-                    s = tl.where(rc[:, None] == c, sc, s)
-            if K_FMT == INT8:  # q_unit carries the 1/254
-                s = s.to(tl.float32) * (q_unit[:, None] * tl.load(KS + k_row0 + tok, mask=smask, other=0.0))
-            else:
-                s = s * q_unit[:, None]
+        # scores in log2 units [BLOCK_G, BLOCK_N]
+        if K_FMT == FLOAT:
+            k = tl.load(K + kr[:, None] * D + d[None, :], mask=mask[:, None], other=0.0)
+            s = tl.dot(qa, tl.trans(k), input_precision=PRECISION) * q_unit[:, None]
+        elif K_FMT == INT8:
+            # hi * 254 + lo summed in int32 (|.| < 2^31 for D <= 256), one conversion; q_unit carries the 1/254
+            kt = tl.trans(tl.load(K + kr[:, None] * D + d[None, :], mask=mask[:, None], other=0))
+            s = (tl.dot(qa, kt) * 254 + tl.dot(qb, kt)).to(tl.float32)
+            s = s * (q_unit[:, None] * tl.load(KS + kr, mask=mask, other=0.0)[None, :])
         else:
             c = _centroids(k_cur, CBK, 4, D, BLOCK_N, PRMT)
             s = tl.dot(qa, tl.trans(c)) * (q_unit[:, None] * k_scale.to(tl.float32)[None, :])
-        s = tl.where(smask, s, float("-inf"))
+        s = tl.where(mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        # a run row may see no token yet (its run starts past hi): keep exp2 away from -inf - -inf
-        m_use = m_new if CHUNKS == 1 else tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_use)
-        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
-        if not V_CODES:  # one [BLOCK_N, D] tile: a d-row of token-major int8 V is BLOCK_N contiguous bytes
-            tv = n0 + tl.arange(0, BLOCK_N)
-            if V_FMT == INT8 and V_TOKEN_MAJOR:  # V stored [B, H, D, cap]: tokens contiguous, as the int8 dot wants
+        if V_FMT == FLOAT:
+            v = tl.load(V + vr[:, None] * D + d[None, :], mask=mask[:, None], other=0.0)
+            pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        elif V_FMT == INT8:
+            if V_TOKEN_MAJOR:  # V stored [B, H, D, cap]: tokens contiguous, as the int8 dot wants them
                 # masked at the padded capacity, not at L: constant over 16-token runs, so the
                 # loads stay 16-byte vectors (codes past L meet a zero weight; int8 has no NaN)
-                v = tl.trans(tl.load(V + d[:, None] * v_cap + tv[None, :], mask=tv[None, :] < v_cap, other=0))
-            else:  # rows of D
-                v = tl.load(V + (v_row0 + tv)[:, None] * D + d[None, :], mask=(tv < hi)[:, None], other=0)
-            if V_FMT == INT8:  # |dot| <= 127^2 * BLOCK_N: hi * 254 + lo fits int32 for BLOCK_N <= 256
-                wh, wl, unit = _split_int8(p * tl.load(VS + v_row0 + tok, mask=smask, other=0.0))
-                wh = _spread_runs(wh, rc, BLOCK_N, CHUNKS)
-                wl = _spread_runs(wl, rc, BLOCK_N, CHUNKS)
-                pv = tl.dot(wh, v, out_dtype=tl.int32) * 254 + tl.dot(wl, v, out_dtype=tl.int32)
-                pv = pv.to(tl.float32) * (unit * (1.0 / 254.0))[:, None]
+                v_ptr = V + d[:, None] * v_cap + t[None, :]  # V points at this (batch, head)'s plane
+                v = tl.trans(tl.load(v_ptr, mask=t[None, :] < v_cap, other=0))
             else:
-                pf = _spread_runs(p.to(v.dtype), rc, BLOCK_N, CHUNKS)
-                pv = tl.dot(pf, v, input_precision=PRECISION)
+                v = tl.load(V + vr[:, None] * D + d[None, :], mask=mask[:, None], other=0)
+            wh, wl, unit = _split_int8(p * tl.load(VS + vr, mask=mask, other=0.0)[None, :])
+            # |dot| <= 127^2 * BLOCK_N: hi * 254 + lo fits int32 for BLOCK_N <= 256
+            pv = (tl.dot(wh, v) * 254 + tl.dot(wl, v)).to(tl.float32) * (unit * (1.0 / 254.0))[:, None]
         else:
             c = _centroids(v_cur, CBV, V_BITS, D, BLOCK_N, PRMT)
             pv = tl.dot((p * v_scale.to(tl.float32)[None, :]).to(tl.float16), c)
@@ -354,18 +311,14 @@ def _decode_split_kernel(
     G: tl.constexpr,
     D: tl.constexpr,
     BLOCK_G: tl.constexpr,
-    GP: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    CHUNKS: tl.constexpr,
     K_FMT: tl.constexpr,
     V_FMT: tl.constexpr,
     V_TOKEN_MAJOR: tl.constexpr,
     PRECISION: tl.constexpr,
     PRMT: tl.constexpr,
 ):
-    # grid: (B * Hkv, num_splits): one program per (batch, kv head, split of [0, L)), for all G query heads.
-    # Tile row r is query head r % GP of token run r // GP (chunked rows, see _attend_range;
-    # without them GP = BLOCK_G and r is the head)
+    # grid: (B * Hkv, num_splits): one program per (batch, kv head, split of [0, L)), for all G query heads
     bh = tl.program_id(0)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -383,14 +336,11 @@ def _decode_split_kernel(
         lo = split * per_split
         hi = tl.minimum(lo + per_split, length)
 
-    NCH: tl.constexpr = BLOCK_G // GP  # row groups: CHUNKS runs, and padding when the group is small
-    r = tl.arange(0, BLOCK_G)
-    g = r % GP
-    rc = r // GP
+    g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
-    rmask = (g < G) & (rc < CHUNKS)
+    gmask = g < G
     q_rows = (bh // Hkv).to(tl.int64) * stride_qb + ((bh % Hkv) * G + g) * stride_qh
-    q = tl.load(Q + q_rows[:, None] + d[None, :], mask=rmask[:, None], other=0.0)
+    q = tl.load(Q + q_rows[:, None] + d[None, :], mask=gmask[:, None], other=0.0)
     if K_FMT == FLOAT:
         qa = q.to(K.dtype.element_ty)
         qb = qa
@@ -409,31 +359,22 @@ def _decode_split_kernel(
     row0 = bh.to(tl.int64) * cap
     if V_TOKEN_MAJOR:  # int8 V stored [B, H, D, v_cap] (see `token_major`): V at this (batch, head)'s plane
         V += bh.to(tl.int64) * D * v_cap
-    PAD: tl.constexpr = NCH > CHUNKS
     if V_FMT == DELEGATED:
         acc_hot = tl.zeros([BLOCK_G, D], tl.float32)
         m_i, l_i, acc, acc_hot = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc, acc_hot, lo, tl.minimum(hi, cold), K, KS, V, VS, CBK, CBV,
-            row0, row0, 0, rc, K_FMT, TURBO4, False, False, D, BLOCK_N, CHUNKS, PAD, PRECISION, PRMT,
+            row0, row0, 0, K_FMT, TURBO4, False, False, D, BLOCK_N, PRECISION, PRMT,
         )  # fmt: skip
         hot_row0 = bh.to(tl.int64) * hot_cap - cold  # token t lives in hot slot t - C
         m_i, l_i, acc_hot, acc = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc_hot, acc, tl.maximum(lo, cold), hi, K, KS, VH, VS, CBK, CBV,
-            row0, hot_row0, 0, rc, K_FMT, FLOAT, False, True, D, BLOCK_N, CHUNKS, PAD, PRECISION, PRMT,
+            row0, hot_row0, 0, K_FMT, FLOAT, False, True, D, BLOCK_N, PRECISION, PRMT,
         )  # fmt: skip
     else:
         m_i, l_i, acc, acc_hot = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc, acc, lo, hi, K, KS, V, VS, CBK, CBV,
-            row0, row0, v_cap, rc, K_FMT, V_FMT, V_TOKEN_MAJOR, False, D, BLOCK_N, CHUNKS, PAD, PRECISION, PRMT,
+            row0, row0, v_cap, K_FMT, V_FMT, V_TOKEN_MAJOR, False, D, BLOCK_N, PRECISION, PRMT,
         )  # fmt: skip
-    if NCH > 1:  # merge each head's run rows (and padding rows, all -inf) into one
-        m_run = tl.reshape(m_i, [NCH, GP])
-        m_i = tl.max(m_run, 0)
-        w_run = tl.math.exp2(m_run - tl.where(m_i == float("-inf"), 0.0, m_i)[None, :])
-        l_i = tl.sum(tl.reshape(l_i, [NCH, GP]) * w_run, 0)
-        acc = tl.sum(tl.reshape(acc, [NCH, GP, D]) * w_run[:, :, None], 0)
-        g = tl.arange(0, GP)
-    gmask = g < G
 
     ws = (bh * G + g) * n_splits + split  # workspace row of (batch, query head, split)
     tl.store(WS_M + ws, m_i, mask=gmask)
@@ -606,13 +547,17 @@ def default_config(mode: str) -> dict:
     (`fuse_append`). Measured per kernel on the H200, reduction + write took less time
     that way than with 2 or 4 warps or with a separate write launch, in every mode and
     shape but one: int8 at 2K, where 4 warps were 0.4 us faster (and 0.7 us slower at
-    32K; results/2026-12-01b-h200)."""
+    32K; results/2026-12-01b-h200). fp16 and int8 store it before the merge (`write_first`):
+    their reductions took 0.1-0.4 us less at batch 1 that way, the turbo ones 0.1-0.7 us more
+    (results/2026-12-01c-h200)."""
     cfg = {"block_n": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": (2, 4)}
-    cfg.update(fuse_append=True, reduce_warps=1, chunk_rows=False, write_first=False)
+    cfg.update(fuse_append=True, reduce_warps=1, write_first=False)
     if mode == "fp16":
         cfg["programs_per_sm"] = (1, 1)
     elif mode == "int8":  # token-major V: ~2 programs per SM at batch 1 and 16 (2026-11-30 sweep)
-        cfg.update(programs_per_sm=(2, 2), nearest=True, chunk_rows=True)
+        cfg.update(programs_per_sm=(2, 2), nearest=True)
+    if mode in ("fp16", "int8"):  # their stores are cheap: issued before the merge, they overlap its loads
+        cfg["write_first"] = True
     elif mode == "turbo4":  # K and V decoded: small programs (2026-12-01 wide sweep)
         cfg.update(block_n=64, num_warps=2, num_stages=2, programs_per_sm=(4, 16))
     elif mode == "turbo4-delegated":
@@ -620,19 +565,6 @@ def default_config(mode: str) -> dict:
     elif mode.startswith("turbo"):
         cfg.update(num_stages=2, deep_stages=3, programs_per_sm=(2, 16))
     return cfg
-
-
-def row_layout(k_fmt: str, v_fmt: str, group: int, block_n: int, chunk_rows: bool) -> dict:
-    """The split kernel's tile rows: BLOCK_G rows (>= 16, a tensor-core tile), GP of them per
-    token run, CHUNKS runs per block (`_attend_range`). Chunked rows serve fp16/int8 K and V
-    when the GQA group leaves rows of the 16 empty and runs keep >= 32 tokens (the int8
-    dot's reduction); otherwise rows are the query heads, padded (CHUNKS = 1)."""
-    gp = triton.next_power_of_2(group)
-    chunks = 1
-    if chunk_rows and k_fmt in ("float", "int8") and v_fmt in ("float", "int8") and gp < 16:
-        chunks = max(1, min(16 // gp, block_n // 32))
-    block_g = max(16, gp * chunks)
-    return {"BLOCK_G": block_g, "GP": gp if chunks > 1 else block_g, "BLOCK_N": block_n, "CHUNKS": chunks}
 
 
 def launch_stages(cfg: dict, programs: int, tokens_per_split: int, device=None) -> int:
@@ -757,7 +689,6 @@ def decode_attention(
     append: bool = False,
     fuse_append: bool | None = None,
     reduce_warps: int | None = None,
-    chunk_rows: bool | None = None,
     write_first: bool | None = None,
     k_boundaries: torch.Tensor | None = None,
     v_boundaries: torch.Tensor | None = None,
@@ -772,15 +703,15 @@ def decode_attention(
     warmed-up `workspace` given and L, C as device tensors, nothing is allocated
     (capturable in a CUDA graph). `num_splits` comes from the workspace, else
     `choose_num_splits` over the cache capacity; unset tuning knobs from `default_config`;
-    `lut` picks the turbo code lookup (`lut_path`: prmt on compiled kernels, else gather);
-    `chunk_rows` the split kernel's tile rows (`row_layout`).
+    `lut` picks the turbo code lookup (`lut_path`: prmt on compiled kernels, else gather).
 
     `append=True` also stores the fresh token into slot L, exactly as
     `write_kv(mode, k_new, v_new, buffers, L, cold_length=C, ...)` would (turbo sides then
     need their boundaries too): inside the reduction kernel (`fuse_append`, default from
     `default_config`), where the first and the last program of each GQA group store its
     kv head's K and V, or else by a `write_kv` launch after it. Either way after the
-    split kernel has read [0, L), so slot L is free to write.
+    split kernel has read [0, L), so slot L is free to write; `write_first` (default from
+    `default_config`) stores it before the reduction's merge instead of after.
     """
     cfg = default_config(mode)
     block_n = block_n or cfg["block_n"]
@@ -822,7 +753,7 @@ def decode_attention(
     _decode_split_kernel[(b * hkv, s)](
         q_score, k, ks, v, vs, vh, cbk, cbv, length, cold, workspace.m, workspace.l, workspace.acc,
         q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
-        G=group, D=dim, **row_layout(kf, vf, group, block_n, cfg["chunk_rows"] if chunk_rows is None else chunk_rows),
+        G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision, PRMT=prmt,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
