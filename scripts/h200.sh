@@ -45,6 +45,8 @@
 #   U (carry .gpu/m0, after chunked rows were reverted and fp16/int8 took write_first): per kernel,
 #      attention + append alone, the benchmark
 #   V (after U, same machine, carry .gpu/m1 .gpu/whl): the audit beside the kernel and engine tests
+#   W (carry .gpu/m0): the turbo write with one division per row: per kernel, write tests, the benchmark
+#   X (after W, same machine, carry .gpu/m1 .gpu/whl): the turbo modes' audit beside the kernel and engine tests
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -260,6 +262,24 @@ V)  # after U, same machine (carry .gpu/m1 .gpu/whl): the audit and the kernel a
   (step audit > $OUT/V-audit.log 2>&1) & (TEST_TIMEOUT=${TEST_TIMEOUT:-300} step ktests > $OUT/V-ktests.log 2>&1) &
   wait; cat $OUT/V-*.log | grep -v '^\s*$' | tail -12
   (cd $OUT && tar czf all.tgz audit V-*.log gpu-kernel-tests.txt) ;;
+W)  # after V (carry .gpu/m0): the turbo write without a division per coordinate: GPU time per kernel,
+    # the write and append tests on compiled kernels, the benchmark
+  cp .gpu/m0/* $M/
+  timeout ${W1_TIMEOUT:-100} python3 scripts/bench_kernels.py --parts --shapes 1x2048,1x32768,16x32768 \
+    --append default > $OUT/parts.txt 2>&1; echo "parts rc=$?"; grep -v warn $OUT/parts.txt | tail -20
+  KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
+    -k "write or append" > $OUT/gpu-write-tests.txt 2>&1; tail -2 $OUT/gpu-write-tests.txt
+  bench1 W ${W_TIMEOUT:-260}
+  (cd $OUT && tar czf all.tgz bench W-bench.log parts.txt gpu-write-tests.txt) ;;
+X)  # after W, same machine (carry .gpu/m1 .gpu/whl): the audit of the turbo modes (quality and the kernel
+    # check) beside the kernel and engine tests
+  [[ -f $M/part00 ]] || { echo "part00 missing: the machine was not the one of phase W"; exit 3; }
+  cp .gpu/m1/* $M/ && cat $M/part0* > $G && sha256sum $G && wheels
+  (timeout 300 python3 -m kvbench audit --model $G --modes fp16,turbo4-asym,turbo3-asym,turbo4,turbo4-delegated \
+    --contexts 2k,8k,32k --compare-kernels --kv-cap-check 256 --out $OUT/audit --quiet > $OUT/X-audit.log 2>&1; echo "audit rc=$?") &
+  (TEST_TIMEOUT=300 step ktests > $OUT/X-ktests.log 2>&1) &
+  wait; cat $OUT/X-*.log | grep -v '^\s*$' | tail -12
+  (cd $OUT && tar czf all.tgz audit X-*.log gpu-kernel-tests.txt) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -268,6 +288,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

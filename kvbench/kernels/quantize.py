@@ -138,8 +138,12 @@ def _quantize_store(
         BPG: tl.constexpr = CPG * BITS // 8  # bytes per packed group
         NG: tl.constexpr = D // CPG
         n = tl.sqrt_rn(tl.sum(x * x, 1))
-        u = tl.math.div_rn(x, tl.where(n == 0.0, 1.0, n)[:, None])
-        r = _wht(u * tl.load(S1 + d)[None, :], BLOCK_R, D, A, INV_SQRT_D) * tl.load(S2 + d)[None, :]
+        # R(x / n) as R(x) * (1 / n): one division per row, not one per coordinate (the IEEE
+        # division's sequence is what made this write the reduction's longest step), and the
+        # rotation does not wait for the norm's reduction. A zero vector divides by 1.
+        inv_n = tl.math.div_rn(1.0, tl.where(n == 0.0, 1.0, n))
+        r = _wht(x * tl.load(S1 + d)[None, :], BLOCK_R, D, A, INV_SQRT_D)
+        r = r * (tl.load(S2 + d)[None, :] * inv_n[:, None])
         # cell = number of boundaries below r; its centroid picked in registers as the count
         # rises (boundaries ascend), so no gather waits on the count
         idx = tl.zeros([BLOCK_R, D], dtype=tl.int32)
