@@ -4,11 +4,13 @@ sm_90 on any machine (no GPU: triton's bundled ptxas and nvdisasm do the work).
 
     python scripts/sass_loop.py                 # fp16 and int8, Llama-3.1-8B shapes, bf16
     python scripts/sass_loop.py --modes int8 --block-n 64 --warps 2 --stages 2
+    python scripts/sass_loop.py --reduce --modes fp16,turbo4-asym   # the reduction kernel, whole
 
 Prints, per mode, shared memory and, for each backward branch (a loop), its
 instruction count and the most frequent opcodes. The compiler is the local triton's
-(3.8 on the CPU machine), not the GPU machine's 3.6: use the counts for direction
-and size, and time the change on the GPU.
+(3.8 on the CPU machine), not the GPU machine's 3.6, unless a triton 3.6 sits first
+on the path (`pip install --target DIR triton==3.6.0; PYTHONPATH=DIR python ...`):
+use the counts for direction and size, and time the change on the GPU.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvbench.kernels.decode_attention import _decode_split_kernel
-from kvbench.kernels.quantize import FORMAT_IDS
+from kvbench.kernels.decode_attention import _decode_reduce_kernel, _decode_split_kernel, default_config
+from kvbench.kernels.quantize import FORMAT_IDS, wht_params
 from kvbench.kernels.reference import FORMATS
 
 ELEMENT = {"float": "*bf16", "int8": "*i8", "turbo4": "*u8", "turbo3": "*u8", "delegated": "*u8"}
@@ -65,9 +67,44 @@ def compile_split(mode: str, block_n: int, warps: int, stages: int, group: int =
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
 
 
-def loops(sass: str):
-    """[(start, end, [instructions])] for every backward branch in nvdisasm output."""
-    ins, labels, pending = [], {}, None
+def compile_reduce(mode: str, append: bool, group: int = 4, dim: int = 128):
+    """The reduction kernel of `mode` (one warp, as launched), with or without the fresh
+    token's write, compiled for sm_90."""
+    kf, vf = FORMATS[mode]
+    fn = _decode_reduce_kernel
+    cfg = default_config(mode)
+    wf = {"float": "float", "int8": "int8", "delegated": "hot"}
+    consts = {
+        "G": group, "D": dim, "BLOCK_S": 32, "ROTATED": vf.startswith(("turbo", "delegated")),
+        "HAS_HOT": vf == "delegated", "APPEND": append, "WRITE_FIRST": cfg["write_first"],
+        "K_FMT": FORMAT_IDS[wf.get(kf, kf)], "V_FMT": FORMAT_IDS[wf.get(vf, vf)], "V_TOKEN_MAJOR": vf == "int8",
+        **wht_params(dim),
+    }  # fmt: skip
+    codes = {"float": "*bf16", "int8": "*i8", "turbo4": "*u8", "turbo3": "*u8", "delegated": "*bf16"}
+    pointers = {"Q": "*bf16", "KN": "*bf16", "VN": "*bf16", "OUT": "*bf16", "LEN": "*i32", "COLD": "*i32"}
+    pointers.update(DK=codes[kf], DV=codes[vf])
+    sig = {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name == "qk_scale":
+            sig[name] = "fp32"
+        elif name in pointers or name.isupper():
+            sig[name] = pointers.get(name, "*fp32")
+        else:
+            sig[name] = "i32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if sig[name].startswith("*")}
+    src = ASTSource(fn, sig, consts, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["reduce_warps"]})
+
+
+def opcodes(instructions) -> Counter:
+    return Counter(re.sub(r"^@!?U?P\w+\s+", "", o).split()[0].split(".")[0] for o in instructions)
+
+
+def instructions(sass: str, labels: dict | None = None):
+    """[(address, instruction)] of nvdisasm output; `labels` collects label -> address."""
+    ins, pending = [], None
     for line in sass.splitlines():
         m = re.match(r"\s*\.(L_x_\d+):", line)
         if m:
@@ -77,8 +114,16 @@ def loops(sass: str):
         if m:
             addr = int(m.group(1), 16)
             ins.append((addr, m.group(2).strip()))
-            if pending:
-                labels[pending], pending = addr, None
+            if pending and labels is not None:
+                labels[pending] = addr
+            pending = None
+    return ins
+
+
+def loops(sass: str):
+    """[(start, end, [instructions])] for every backward branch in nvdisasm output."""
+    labels = {}
+    ins = instructions(sass, labels)
     out = []
     for addr, op in ins:
         m = re.search(r"BRA.*`\(\.(L_x_\d+)\)", op)
@@ -94,21 +139,37 @@ def main():
     ap.add_argument("--block-n", type=int, default=128)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument(
+        "--reduce",
+        action="store_true",
+        help="the reduction kernel instead: all its instructions (cold paths included), with and without the append",
+    )
     args = ap.parse_args()
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    top_n = int(os.environ.get("SASS_TOP", 16))
     for mode in args.modes.split(","):
+        if args.reduce:
+            for append in (False, True):
+                body = [op for _, op in instructions(sass_of(compile_reduce(mode, append)))]
+                top = ", ".join(f"{op} {n}" for op, n in opcodes(body).most_common(top_n))
+                print(
+                    f"{mode} reduction, {'with' if append else 'without'} the append: {len(body)} instructions; {top}"
+                )
+            continue
         kernel = compile_split(mode, args.block_n, args.warps, args.stages)
-        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(kernel.asm["cubin"])
-        try:
-            sass = subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True).stdout
-        finally:
-            os.unlink(f.name)
         print(f"{mode}: shared memory {kernel.metadata.shared // 1024} KB")
-        for lo, hi, body in loops(sass):
-            ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", o).split()[0].split(".")[0] for o in body)
-            top = ", ".join(f"{op} {n}" for op, n in ops.most_common(int(os.environ.get("SASS_TOP", 16))))
+        for lo, hi, body in loops(sass_of(kernel)):
+            top = ", ".join(f"{op} {n}" for op, n in opcodes(body).most_common(top_n))
             print(f"  loop {lo:#06x}-{hi:#06x}: {len(body)} instructions; {top}")
+
+
+def sass_of(kernel) -> str:
+    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    try:
+        return subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
 
 
 if __name__ == "__main__":
