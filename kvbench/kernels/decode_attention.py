@@ -551,19 +551,19 @@ def default_config(mode: str) -> dict:
     their reductions took 0.1-0.4 us less at batch 1 that way, the turbo ones 0.1-0.7 us more
     (results/2026-12-01c-h200)."""
     cfg = {"block_n": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": (2, 4)}
-    cfg.update(fuse_append=True, reduce_warps=1, write_first=False)
+    cfg.update(fuse_append=True, reduce_warps=1)
     if mode == "fp16":
         cfg["programs_per_sm"] = (1, 1)
     elif mode == "int8":  # token-major V: ~2 programs per SM at batch 1 and 16 (2026-11-30 sweep)
         cfg.update(programs_per_sm=(2, 2), nearest=True)
-    if mode in ("fp16", "int8"):  # their stores are cheap: issued before the merge, they overlap its loads
-        cfg["write_first"] = True
     elif mode == "turbo4":  # K and V decoded: small programs (2026-12-01 wide sweep)
         cfg.update(block_n=64, num_warps=2, num_stages=2, programs_per_sm=(4, 16))
     elif mode == "turbo4-delegated":
         cfg.update(block_n=64, num_warps=2, num_stages=3, programs_per_sm=(2, 16))
     elif mode.startswith("turbo"):
         cfg.update(num_stages=2, deep_stages=3, programs_per_sm=(2, 16))
+    # fp16 and int8 stores are cheap: issued before the merge, they overlap its loads
+    cfg["write_first"] = mode in ("fp16", "int8")
     return cfg
 
 
