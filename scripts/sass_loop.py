@@ -48,23 +48,31 @@ def compile_split(mode: str, block_n: int, warps: int, stages: int, group: int =
         "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf == "int8",
         "PRECISION": "tf32", "PRMT": kf.startswith("turbo") or vf.startswith(("turbo", "delegated")),
     }  # fmt: skip
+    table = lambda name: "*i32" if name.startswith("CB") else "*fp32"  # noqa: E731 (prmt tables, float32 scales)
+    return compile_sm90(fn, consts, pointers, table, {"num_warps": warps, "num_stages": stages}, ALIGNED_INTS)
+
+
+def compile_sm90(fn, consts, pointers, table, options, aligned=()):
+    """`fn` compiled for sm_90: `consts` as constexprs, `pointers` {name: type}, the other
+    upper-case arguments pointers of type `table(name)`, qk_scale fp32, the rest i32;
+    pointers and the `aligned` integers 16-aligned."""
     sig = {}
     for name in fn.arg_names:
         if name in consts:
             sig[name] = "constexpr"
         elif name == "qk_scale":
             sig[name] = "fp32"
-        elif name in pointers or name.isupper():  # the other upper-case arguments are float32 or int32 tables
-            sig[name] = pointers.get(name, "*i32" if name.startswith("CB") else "*fp32")
+        elif name in pointers or name.isupper():
+            sig[name] = pointers.get(name) or table(name)
         else:
             sig[name] = "i32"
     attrs = {
         (i,): [["tt.divisibility", 16]]
         for i, name in enumerate(fn.arg_names)
-        if sig[name].startswith("*") or name in ALIGNED_INTS
+        if sig[name].startswith("*") or name in aligned
     }
     src = ASTSource(fn, sig, consts, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def compile_reduce(mode: str, append: bool, group: int = 4, dim: int = 128):
@@ -83,19 +91,7 @@ def compile_reduce(mode: str, append: bool, group: int = 4, dim: int = 128):
     codes = {"float": "*bf16", "int8": "*i8", "turbo4": "*u8", "turbo3": "*u8", "delegated": "*bf16"}
     pointers = {"Q": "*bf16", "KN": "*bf16", "VN": "*bf16", "OUT": "*bf16", "LEN": "*i32", "COLD": "*i32"}
     pointers.update(DK=codes[kf], DV=codes[vf])
-    sig = {}
-    for name in fn.arg_names:
-        if name in consts:
-            sig[name] = "constexpr"
-        elif name == "qk_scale":
-            sig[name] = "fp32"
-        elif name in pointers or name.isupper():
-            sig[name] = pointers.get(name, "*fp32")
-        else:
-            sig[name] = "i32"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if sig[name].startswith("*")}
-    src = ASTSource(fn, sig, consts, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["reduce_warps"]})
+    return compile_sm90(fn, consts, pointers, lambda name: "*fp32", {"num_warps": cfg["reduce_warps"]})
 
 
 def opcodes(instructions) -> Counter:
