@@ -2021,12 +2021,22 @@ def _mode_colors(modes: list[str]) -> dict[str, tuple]:
     colors = {}
     ordered = order_modes(modes)
     peers = [m for m in ordered if is_peer(m)]
-    for m in modes:
+    # kvbench's modes keep one color each across plots (their place in MODE_ORDER); a label
+    # such as "turbo4 (no fallback)" takes its mode's color when that mode is not plotted
+    # too, and any other label the next color no plotted mode holds
+    used = {MODE_ORDER.index(m) for m in modes if m in MODE_ORDER}
+    for m in ordered:
         if is_peer(m):  # transformers' caches: a palette of their own
             colors[m] = peer_cmap(peers.index(m) % 8)
-            continue
-        i = MODE_ORDER.index(m) if m in MODE_ORDER else len(MODE_ORDER) + ordered.index(m)
-        colors[m] = cmap(i % 10)
+        elif m in MODE_ORDER:
+            colors[m] = cmap(MODE_ORDER.index(m))
+        elif base_mode(m) in MODE_ORDER and MODE_ORDER.index(base_mode(m)) not in used:
+            used.add(MODE_ORDER.index(base_mode(m)))
+            colors[m] = cmap(MODE_ORDER.index(base_mode(m)))
+        else:  # the first color left, or a repeat once all ten are taken
+            i = next((i for i in range(10) if i not in used), len(colors) % 10)
+            used.add(i)
+            colors[m] = cmap(i)
     return colors
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kvbench import report
 from kvbench.errors import KvbenchError
 from kvbench.report import fmt_pct, fmt_ppl_delta, render_report
 from kvbench.results import AUDIT_COLUMNS, BENCH_COLUMNS, ResultsWriter
@@ -876,3 +877,22 @@ def test_out_may_name_the_report_file(tmp_path):
     assert path == tmp_path / "elsewhere" / "h200.md" and path.is_file()
     assert not (tmp_path / "elsewhere" / "h200.md" / "report.md").exists()
     assert render_report([folder], tmp_path / "dir") == tmp_path / "dir" / "report.md"
+
+
+@pytest.mark.parametrize(
+    "modes",
+    [
+        ["fp16", "int8", "turbo4-asym", "turbo3-asym", "turbo4 (no fallback)", "turbo4-delegated"],
+        ["fp16", "int8", "turbo4-asym", "turbo3-asym", "turbo4", "turbo4 (no fallback)", "turbo4-delegated", "fp8"],
+    ],
+    ids=["no-fallback-alone", "beside-its-mode"],
+)
+def test_plot_colors_distinct(modes):
+    """Every plotted mode gets a color of its own; kvbench's modes keep theirs across plots,
+    and a "(no fallback)" label takes its mode's color when that mode is not plotted."""
+    colors = report._mode_colors(modes)
+    assert len(set(colors.values())) == len(modes)
+    alone = report._mode_colors(["fp16", "turbo4"])
+    assert colors["fp16"] == alone["fp16"]
+    if "turbo4" not in modes:
+        assert colors["turbo4 (no fallback)"] == alone["turbo4"]
