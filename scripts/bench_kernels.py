@@ -381,7 +381,7 @@ def profile_parts(name, b, length, dtype, device, cod, reps=10, append="none"):
     rotate through enough cache copies to miss L2. Launch gaps are not in these times.
     append "none": a separate write_kv into another cache; else decode_attention appends
     the fresh token itself (`append_args`), a fused write showing up in the reduce.
-    `name` as in `kernel_mode` (a lookup or tile-row variant; int8 V token-major)."""
+    `name` as in `kernel_mode` (a lookup or write-order variant; int8 V token-major)."""
     mode, _, lut, over = kernel_mode(name)
     kw = mode_kwargs(mode, cod)
     cold = length - HOT

@@ -39,7 +39,8 @@
 #   Q (carry .gpu/m0 .gpu/whl): the turbo write's centroid picked in registers: tests, per kernel, attention
 #   R (after Q, same machine, carry .gpu/m1 .gpu/whl): audit + raw turbo4 side by side, then the benchmark
 #   S (no carry; 2026-12-01, third session): chunked tile rows for fp16/int8: attention alone, both
-#      layouts; GPU time per kernel; the chunked layout's launch sweep (results/2026-12-01c-h200)
+#      layouts; GPU time per kernel; the chunked layout's launch sweep (results/2026-12-01c-h200).
+#      S and T ran at 5e009fb and 4edf335: their :chunked/:plain variants left with the revert (6bd287d)
 #   T (no carry, after S): int8's chunked rows with a block-diagonal p @ V; the fresh token's write at the
 #      start of the reduction (wfirst) vs its end, every mode: attention + append alone, per kernel
 #   U (carry .gpu/m0, after chunked rows were reverted and fp16/int8 took write_first): per kernel,
