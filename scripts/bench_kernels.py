@@ -236,6 +236,8 @@ def copies_for(nbytes):
 VARIANTS = {  # name suffixes (after ":", joined by "+") -> decode_attention launch overrides
     "wfirst": {"write_first": True},
     "wlast": {"write_first": False},
+    "s8": {"int8_dot": "s8"},  # int8: integer dots of split operands
+    "f16": {"int8_dot": "f16"},  # int8: fp16 dots of biased codes
 }
 
 
@@ -246,7 +248,8 @@ def kernel_mode(name):
     """A timed kernel's (mode, int8 V layout, turbo lookup, launch overrides): "int8-rowmajor"
     is int8 with V stored [B, H, cap, D]; "<turbo mode>@gather" times the codebook gather
     instead of prmt; "<mode>:wfirst" / ":wlast" force where the reduction stores the fresh
-    token (`VARIANTS`, joined by "+"; otherwise the mode's defaults)."""
+    token, "int8:s8" / "int8:f16" the int8 kernel's dots (`VARIANTS`, joined by "+";
+    otherwise the mode's defaults)."""
     name, _, opts = name.partition(":")
     over = {}
     for opt in filter(None, opts.split("+")):

@@ -48,6 +48,8 @@
 #   V (after U, same machine, carry .gpu/m1 .gpu/whl): the audit beside the kernel and engine tests
 #   W (carry .gpu/m0): the turbo write with one division per row: per kernel, write tests, the benchmark
 #   X (after W, same machine, carry .gpu/m1 .gpu/whl): the turbo modes' audit beside the kernel and engine tests
+#   Y (no carry; 2026-12-01, fourth session): int8 with fp16 dots of biased codes beside the integer dots:
+#      int8 kernel tests, attention + append alone, the f16 variant's launch sweep, per kernel
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -281,6 +283,19 @@ X)  # after W, same machine (carry .gpu/m1 .gpu/whl): the audit of the turbo mod
   (TEST_TIMEOUT=300 step ktests > $OUT/X-ktests.log 2>&1) &
   wait; cat $OUT/X-*.log | grep -v '^\s*$' | tail -12
   (cd $OUT && tar czf all.tgz audit X-*.log gpu-kernel-tests.txt) ;;
+Y)  # 2026-12-01, fourth session (no carry): int8 with fp16 dots of biased codes (int8:f16) beside the
+    # integer dots (int8:s8): the int8 kernel tests compiled, attention + append alone, the f16 variant's
+    # launch sweep, GPU time per kernel
+  SH=1x2048,1x8192,1x32768,16x32768
+  KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
+    -k "int8" > $OUT/gpu-int8-tests.txt 2>&1; tail -3 $OUT/gpu-int8-tests.txt
+  timeout ${Y1_TIMEOUT:-120} python3 scripts/bench_kernels.py --modes fp16,int8:s8,int8:f16 --shapes $SH \
+    --append default > $OUT/kernels-y.txt 2>&1; echo "kernels rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels-y.txt | tail -16
+  timeout ${Y2_TIMEOUT:-60} python3 scripts/bench_kernels.py --parts --append default --shapes 1x2048,1x32768,16x32768 \
+    --modes fp16,int8:s8,int8:f16 > $OUT/parts-y.txt 2>&1; echo "parts rc=$?"; grep -v warn $OUT/parts-y.txt | tail -12
+  timeout ${Y3_TIMEOUT:-200} python3 scripts/bench_kernels.py --no-check --tune --append default \
+    --modes int8:f16 --shapes 1x8192,1x32768,16x32768 > $OUT/kernels-y-tune.txt 2>&1
+  echo "tune rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels-y-tune.txt | tail -12 ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -289,6 +304,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

@@ -38,7 +38,9 @@ ELEMENT = {"float": "*bf16", "int8": "*i8", "turbo4": "*u8", "turbo3": "*u8", "d
 ALIGNED_INTS = ("stride_qb", "stride_qh", "cap", "v_cap", "hot_cap")  # multiples of 16 in practice
 
 
-def compile_split(mode: str, block_n: int, warps: int, stages: int, group: int = 4, dim: int = 128):
+def compile_split(
+    mode: str, block_n: int, warps: int, stages: int, group: int = 4, dim: int = 128, int8_dot: str = "s8"
+):
     """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned."""
     kf, vf = FORMATS[mode]
     fn = _decode_split_kernel
@@ -46,7 +48,8 @@ def compile_split(mode: str, block_n: int, warps: int, stages: int, group: int =
     consts = {
         "G": group, "D": dim, "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
         "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf == "int8",
-        "PRECISION": "tf32", "PRMT": kf.startswith("turbo") or vf.startswith(("turbo", "delegated")),
+        "PRECISION": "tf32", "PRMT": kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8",
+        "I8_F16": int8_dot == "f16",
     }  # fmt: skip
     table = lambda name: "*i32" if name.startswith("CB") else "*fp32"  # noqa: E731 (prmt tables, float32 scales)
     return compile_sm90(fn, consts, pointers, table, {"num_warps": warps, "num_stages": stages}, ALIGNED_INTS)
@@ -135,6 +138,7 @@ def main():
     ap.add_argument("--block-n", type=int, default=128)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument("--int8-dot", default="s8", choices=("s8", "f16"), help="the int8 kernel's dot (default_config)")
     ap.add_argument(
         "--reduce",
         action="store_true",
@@ -151,7 +155,7 @@ def main():
                     f"{mode} reduction, {'with' if append else 'without'} the append: {len(body)} instructions; {top}"
                 )
             continue
-        kernel = compile_split(mode, args.block_n, args.warps, args.stages)
+        kernel = compile_split(mode, args.block_n, args.warps, args.stages, int8_dot=args.int8_dot)
         print(f"{mode}: shared memory {kernel.metadata.shared // 1024} KB")
         for lo, hi, body in loops(sass_of(kernel)):
             top = ", ".join(f"{op} {n}" for op, n in opcodes(body).most_common(top_n))

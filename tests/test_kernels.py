@@ -128,7 +128,7 @@ def tolerance(mode, dtype):
     return 4e-3
 
 
-def run_decode(mode, b, hkv, group, dim, length, cap, dtype, num_splits, cold=None, int8_v="token-major"):
+def run_decode(mode, b, hkv, group, dim, length, cap, dtype, num_splits, cold=None, int8_v="token-major", **launch):
     kw = codec_kwargs(mode, dim)
     cold = length // 2 if cold is None else cold
     bufs = make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw, int8_v)
@@ -138,7 +138,7 @@ def run_decode(mode, b, hkv, group, dim, length, cap, dtype, num_splits, cold=No
     sm_scale = 1 / math.sqrt(dim)
     out = torch.full_like(q, float("nan"))
     args = (mode, q, k_new, v_new, bufs, torch.tensor([length], dtype=torch.int32), sm_scale)
-    decode_attention(*args, cold_length=cold, out=out, num_splits=num_splits, **attn_kwargs(kw))
+    decode_attention(*args, cold_length=cold, out=out, num_splits=num_splits, **attn_kwargs(kw), **launch)
     expected = ref.decode_attention(*args, cold_length=cold, **attn_kwargs(kw))
     return out, expected
 
@@ -180,6 +180,29 @@ def test_decode_int8_row_major_v(case, seed):
     out, expected = run_decode("int8", *case, int8_v="row-major")
     assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
     assert max_rel(out, expected) < tolerance("int8", case[6]), f"seed {seed}"
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}-cap{}-{}-s{}".format(*c))
+@pytest.mark.parametrize("int8_v", ["token-major", "row-major"])
+def test_decode_int8_f16_dot(case, int8_v, seed):
+    """int8 with fp16 dots of biased codes (`int8_dot="f16"`): q and the weights rounded to
+    fp16 once, so the tolerance of the fp16-operand modes; the 1152 bias must cancel exactly
+    (a bias left in would shift every output by ~1152 * v_scale)."""
+    b, hkv, group, dim, length, cap, dtype, splits = case
+    if GPU and dim < 32:
+        pytest.skip("compiled int8 kernels need head_dim >= 32")
+    out, expected = run_decode("int8", *case, int8_v=int8_v, int8_dot="f16")
+    assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
+    err = max_rel(out, expected)
+    assert err < (2e-2 if dtype == BF16 else 4e-3), f"seed {seed}: max rel error {err:.2e}"
+
+
+def test_decode_int8_dot_checked():
+    q = torch.zeros(1, 1, 32)
+    bufs = {"k": torch.zeros(1, 1, 4, 32, dtype=torch.int8), "k_scale": torch.ones(1, 1, 4)}
+    bufs.update(v=bufs["k"].clone(), v_scale=bufs["k_scale"].clone())
+    with pytest.raises(ValueError, match="int8_dot"):
+        decode_attention("int8", q, q, q, bufs, 1, 1.0, int8_dot="fp8")
 
 
 def test_token_major_layout():

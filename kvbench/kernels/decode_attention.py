@@ -175,6 +175,26 @@ def _centroids_prmt(words, TAB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl
     return tl.reshape(c, [BLOCK_N, D])
 
 
+# int8 code b -> fp16 (b + 1152), exact: the fp16 with bits 0x6400 | (b ^ 0x80) is 1024 + (b + 128).
+# Four codes per 32-bit word: one xor, two byte permutes, no conversion instruction.
+_I8_F16_ASM = tl.constexpr(
+    "{\n.reg .b32 u;\nxor.b32 u, $2, 0x80808080;\n"
+    "prmt.b32 $0, u, 0x64646464, 0x7170;\nprmt.b32 $1, u, 0x64646464, 0x7372;\n}"
+)
+
+
+@triton.jit
+def _int8_biased_f16(x, ASM: tl.constexpr):
+    """int8 codes -> fp16 code + 1152 (exact): the f16 path of the int8 kernel scores and
+    weights biased codes and subtracts 1152 * (row sums) once. Inline PTX on compiled
+    kernels (4 codes per 3 instructions), an ordinary conversion in the interpreter."""
+    if ASM:
+        y = tl.inline_asm_elementwise(_I8_F16_ASM, "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
+    else:
+        y = (x.to(tl.int32) + 1152).to(tl.float16)
+    return y
+
+
 @triton.jit
 def _split_int8(x):
     """Rows of x [M, N] (float32) as two int8 parts: x ~ (hi + lo / 254) * unit[:, None], ~15 bits."""
@@ -195,6 +215,7 @@ def _attend_range(
     l_i,
     acc,
     acc_other,
+    w_i,
     lo,
     hi,
     K,
@@ -214,8 +235,15 @@ def _attend_range(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     PRMT: tl.constexpr,
+    I8_F16: tl.constexpr,
 ):
-    """Online softmax over tokens [lo, hi): returns updated (m, l, acc, acc_other).
+    """Online softmax over tokens [lo, hi): returns updated (m, l, acc, acc_other, w_i).
+
+    int8 runs one of two ways. I8_F16=False: q and the weights split into two int8 parts,
+    integer tensor-core dots. I8_F16=True: the codes become fp16 (code + 1152, exact, by
+    byte permutes) for fp16 dots with q and the weights in fp16; the bias comes off as
+    1152 * sum(q) per score row and 1152 * w_i, the running sum of the fp16 weights,
+    per output row (subtracted by the caller).
 
     Triton pipelines (cp.async) only loads that feed a dot; the packed codes and
     scales of turbo formats are prefetched here by hand, one block ahead, in registers.
@@ -249,6 +277,10 @@ def _attend_range(
         if K_FMT == FLOAT:
             k = tl.load(K + kr[:, None] * D + d[None, :], mask=mask[:, None], other=0.0)
             s = tl.dot(qa, tl.trans(k), input_precision=PRECISION) * q_unit[:, None]
+        elif K_FMT == INT8 and I8_F16:  # qb holds 1152 * sum(qa) per row, in q_unit's units
+            k8 = tl.load(K + kr[:, None] * D + d[None, :], mask=mask[:, None], other=0)
+            s = tl.dot(qa, tl.trans(_int8_biased_f16(k8, PRMT))) - qb[:, None]
+            s = s * (q_unit[:, None] * tl.load(KS + kr, mask=mask, other=0.0)[None, :])
         elif K_FMT == INT8:
             # hi * 254 + lo summed in int32 (|.| < 2^31 for D <= 256), one conversion; q_unit carries the 1/254
             kt = tl.trans(tl.load(K + kr[:, None] * D + d[None, :], mask=mask[:, None], other=0))
@@ -274,16 +306,21 @@ def _attend_range(
                 v = tl.trans(tl.load(v_ptr, mask=t[None, :] < v_cap, other=0))
             else:
                 v = tl.load(V + vr[:, None] * D + d[None, :], mask=mask[:, None], other=0)
-            wh, wl, unit = _split_int8(p * tl.load(VS + vr, mask=mask, other=0.0)[None, :])
-            # |dot| <= 127^2 * BLOCK_N: hi * 254 + lo fits int32 for BLOCK_N <= 256
-            pv = (tl.dot(wh, v) * 254 + tl.dot(wl, v)).to(tl.float32) * (unit * (1.0 / 254.0))[:, None]
+            if I8_F16:
+                w = (p * tl.load(VS + vr, mask=mask, other=0.0)[None, :]).to(tl.float16)
+                pv = tl.dot(w, _int8_biased_f16(v, PRMT))
+                w_i = w_i * alpha + tl.sum(w.to(tl.float32), 1)
+            else:
+                wh, wl, unit = _split_int8(p * tl.load(VS + vr, mask=mask, other=0.0)[None, :])
+                # |dot| <= 127^2 * BLOCK_N: hi * 254 + lo fits int32 for BLOCK_N <= 256
+                pv = (tl.dot(wh, v) * 254 + tl.dot(wl, v)).to(tl.float32) * (unit * (1.0 / 254.0))[:, None]
         else:
             c = _centroids(v_cur, CBV, V_BITS, D, BLOCK_N, PRMT)
             pv = tl.dot((p * v_scale.to(tl.float32)[None, :]).to(tl.float16), c)
         acc = acc * alpha[:, None] + pv
         if RESCALE_OTHER:
             acc_other = acc_other * alpha[:, None]
-    return m_i, l_i, acc, acc_other
+    return m_i, l_i, acc, acc_other, w_i
 
 
 @triton.jit
@@ -317,6 +354,7 @@ def _decode_split_kernel(
     V_TOKEN_MAJOR: tl.constexpr,
     PRECISION: tl.constexpr,
     PRMT: tl.constexpr,
+    I8_F16: tl.constexpr,
 ):
     # grid: (B * Hkv, num_splits): one program per (batch, kv head, split of [0, L)), for all G query heads
     bh = tl.program_id(0)
@@ -345,6 +383,13 @@ def _decode_split_kernel(
         qa = q.to(K.dtype.element_ty)
         qb = qa
         q_unit = tl.full([BLOCK_G], 1.0, tl.float32) * qk_scale
+    elif K_FMT == INT8 and I8_F16:  # fp16 q in units of a power of two (exact for bf16 q)
+        qf = q.to(tl.float32)
+        amax = tl.max(tl.abs(qf), 1)
+        q_unit = tl.math.exp2(tl.floor(tl.math.log2(tl.where(amax > 0.0, amax, 1.0))) - 8.0)
+        qa = (qf * (1.0 / q_unit)[:, None]).to(tl.float16)
+        qb = 1152.0 * tl.sum(qa.to(tl.float32), 1)  # the scores' bias, per row
+        q_unit = q_unit * qk_scale
     elif K_FMT == INT8:  # the scores come as hi * 254 + lo: the 1/254 rides on q_unit
         qa, qb, q_unit = _split_int8(q.to(tl.float32))
         q_unit = q_unit * (qk_scale / 254.0)
@@ -356,25 +401,28 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
+    w_i = tl.zeros([BLOCK_G], tl.float32)
     row0 = bh.to(tl.int64) * cap
     if V_TOKEN_MAJOR:  # int8 V stored [B, H, D, v_cap] (see `token_major`): V at this (batch, head)'s plane
         V += bh.to(tl.int64) * D * v_cap
     if V_FMT == DELEGATED:
         acc_hot = tl.zeros([BLOCK_G, D], tl.float32)
-        m_i, l_i, acc, acc_hot = _attend_range(
-            qa, qb, q_unit, m_i, l_i, acc, acc_hot, lo, tl.minimum(hi, cold), K, KS, V, VS, CBK, CBV,
-            row0, row0, 0, K_FMT, TURBO4, False, False, D, BLOCK_N, PRECISION, PRMT,
+        m_i, l_i, acc, acc_hot, w_i = _attend_range(
+            qa, qb, q_unit, m_i, l_i, acc, acc_hot, w_i, lo, tl.minimum(hi, cold), K, KS, V, VS, CBK, CBV,
+            row0, row0, 0, K_FMT, TURBO4, False, False, D, BLOCK_N, PRECISION, PRMT, False,
         )  # fmt: skip
         hot_row0 = bh.to(tl.int64) * hot_cap - cold  # token t lives in hot slot t - C
-        m_i, l_i, acc_hot, acc = _attend_range(
-            qa, qb, q_unit, m_i, l_i, acc_hot, acc, tl.maximum(lo, cold), hi, K, KS, VH, VS, CBK, CBV,
-            row0, hot_row0, 0, K_FMT, FLOAT, False, True, D, BLOCK_N, PRECISION, PRMT,
+        m_i, l_i, acc_hot, acc, w_i = _attend_range(
+            qa, qb, q_unit, m_i, l_i, acc_hot, acc, w_i, tl.maximum(lo, cold), hi, K, KS, VH, VS, CBK, CBV,
+            row0, hot_row0, 0, K_FMT, FLOAT, False, True, D, BLOCK_N, PRECISION, PRMT, False,
         )  # fmt: skip
     else:
-        m_i, l_i, acc, acc_hot = _attend_range(
-            qa, qb, q_unit, m_i, l_i, acc, acc, lo, hi, K, KS, V, VS, CBK, CBV,
-            row0, row0, v_cap, K_FMT, V_FMT, V_TOKEN_MAJOR, False, D, BLOCK_N, PRECISION, PRMT,
+        m_i, l_i, acc, acc_hot, w_i = _attend_range(
+            qa, qb, q_unit, m_i, l_i, acc, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
+            row0, row0, v_cap, K_FMT, V_FMT, V_TOKEN_MAJOR, False, D, BLOCK_N, PRECISION, PRMT, I8_F16,
         )  # fmt: skip
+        if V_FMT == INT8 and I8_F16:
+            acc -= 1152.0 * w_i[:, None]
 
     ws = (bh * G + g) * n_splits + split  # workspace row of (batch, query head, split)
     tl.store(WS_M + ws, m_i, mask=gmask)
@@ -564,6 +612,7 @@ def default_config(mode: str) -> dict:
         cfg.update(num_stages=2, deep_stages=3, programs_per_sm=(2, 16))
     # fp16 and int8 stores are cheap: issued before the merge, they overlap its loads
     cfg["write_first"] = mode in ("fp16", "int8")
+    cfg["int8_dot"] = "s8"  # int8 K/V: integer dots of split operands ("s8") or fp16 dots of biased codes ("f16")
     return cfg
 
 
@@ -690,6 +739,7 @@ def decode_attention(
     fuse_append: bool | None = None,
     reduce_warps: int | None = None,
     write_first: bool | None = None,
+    int8_dot: str | None = None,
     k_boundaries: torch.Tensor | None = None,
     v_boundaries: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -745,6 +795,9 @@ def decode_attention(
         q_score = rotate(q, *k_signs, out=workspace.q_rot)
     qk_scale = sm_scale * LOG2E
     precision = "ieee" if torch.float32 in (q.dtype, k.dtype, v.dtype) else "tf32"
+    int8_dot = int8_dot or cfg["int8_dot"]
+    if int8_dot not in ("s8", "f16"):
+        raise ValueError(f"int8_dot must be 's8' or 'f16', got {int8_dot!r}")
 
     v_stride = buffer_layout("decode_attention", "v", vf, v)
 
@@ -755,7 +808,7 @@ def decode_attention(
         q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision, PRMT=prmt,
-        num_warps=num_warps, num_stages=num_stages,
+        I8_F16=int8_dot == "f16", num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     rotated = vf.startswith(("turbo", "delegated"))
     s1v, s2v = v_signs if rotated else (q, q)
