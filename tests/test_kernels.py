@@ -188,7 +188,7 @@ def test_decode_int8_f16_dot(case, int8_v, seed):
     """int8 with fp16 dots of biased codes (`int8_dot="f16"`): q and the weights rounded to
     fp16 once, so the tolerance of the fp16-operand modes; the 1152 bias must cancel exactly
     (a bias left in would shift every output by ~1152 * v_scale)."""
-    b, hkv, group, dim, length, cap, dtype, splits = case
+    dim, dtype = case[3], case[6]
     if GPU and dim < 32:
         pytest.skip("compiled int8 kernels need head_dim >= 32")
     out, expected = run_decode("int8", *case, int8_v=int8_v, int8_dot="f16")
