@@ -50,6 +50,7 @@
 #   X (after W, same machine, carry .gpu/m1 .gpu/whl): the turbo modes' audit beside the kernel and engine tests
 #   Y (no carry; 2026-12-01, fourth session): int8 with fp16 dots of biased codes beside the integer dots:
 #      int8 kernel tests, attention + append alone, the f16 variant's launch sweep, per kernel
+#   Z (carry .gpu/m0, after Y; int8 takes the f16 dots): int8's wide launch sweep, the benchmark
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -296,6 +297,13 @@ Y)  # 2026-12-01, fourth session (no carry): int8 with fp16 dots of biased codes
   timeout ${Y3_TIMEOUT:-200} python3 scripts/bench_kernels.py --no-check --tune --append default \
     --modes int8:f16 --shapes 1x8192,1x32768,16x32768 > $OUT/kernels-y-tune.txt 2>&1
   echo "tune rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels-y-tune.txt | tail -12 ;;
+Z)  # after Y (carry .gpu/m0): int8 takes the f16 dots by default: the wide launch sweep of int8, the benchmark
+  cp .gpu/m0/* $M/
+  timeout ${Z1_TIMEOUT:-150} python3 scripts/bench_kernels.py --no-check --tune --grid wide --append default \
+    --modes int8 --shapes 1x2048,1x32768,16x32768 > $OUT/kernels-z-tune.txt 2>&1
+  echo "tune rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels-z-tune.txt | tail -14
+  bench1 Z ${Z_TIMEOUT:-260}
+  (cd $OUT && tar czf all.tgz bench Z-bench.log kernels-z-tune.txt) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -304,6 +312,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*
