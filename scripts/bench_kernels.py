@@ -238,6 +238,9 @@ VARIANTS = {  # name suffixes (after ":", joined by "+") -> decode_attention lau
     "wlast": {"write_first": False},
     "s8": {"int8_dot": "s8"},  # int8: integer dots of split operands
     "f16": {"int8_dot": "f16"},  # int8: fp16 dots of biased codes
+    "rw1": {"reduce_warps": 1},  # warps per reduction program (2 and 4 merge 64 splits per pass, 1 merges 32)
+    "rw2": {"reduce_warps": 2},
+    "rw4": {"reduce_warps": 4},
 }
 
 
@@ -358,14 +361,19 @@ def bench_write(mode, b, dtype, device, cod, **tune):
     return time_graph([lambda: write_kv(mode, kn, vn, bufs, slot, cold_length=cold, **kw, **tune)] * 20)
 
 
-def tuning_grid(grid, splits):
+def tuning_grid(grid, splits, shape=(128, 4)):
     """Launch configs to sweep around the default split count. "default": splits / 2, x1, x2
     x BLOCK_N 64/128 x 4/8 warps x 2/3 stages. "wide" adds small programs (1-2 warps, 32-64
     token blocks) and up to 4x the splits: more, lighter programs per SM, whose reductions
-    stay inside a warp."""
+    stay inside a warp. "splits": the mode's own program `shape` (BLOCK_N, warps) at split
+    counts from 1/2 to 2x the default (and the default +- 1)."""
     if grid == "default":
         shapes = [(n, w) for n in (64, 128) for w in (4, 8)]
         counts = (max(1, splits // 2), splits, 2 * splits)
+    elif grid == "splits":
+        shapes = [shape]
+        counts = {max(1, round(splits * f)) for f in (0.5, 0.75, 1, 1.25, 1.5, 2)}
+        counts |= {max(1, splits - 1), splits + 1}
     elif grid == "rows":  # fp16/int8: 2-8 warps, 64-256 token blocks
         shapes = [(n, w) for n in (64, 128, 256) for w in (2, 4, 8) if (n, w) != (64, 8)]
         counts = (max(1, splits // 2), splits, 2 * splits)
@@ -400,7 +408,7 @@ def profile_parts(name, b, length, dtype, device, cod, reps=10, append="none"):
     def step(bufs):
         codec = kw if append != "none" else attn_kwargs(kw)
         decode_attention(mode, q, kn, vn, bufs, live, 1 / math.sqrt(D), cold_length=dcold, out=out, workspace=ws,
-                         lut=lut, **over, **codec, **append_args(append))  # fmt: skip
+                         lut=lut, **codec, **{**append_args(append), **over})  # fmt: skip
         if append == "none":
             write_kv(mode, kn, vn, wbufs, slot, cold_length=wcold, **kw)
 
@@ -430,7 +438,10 @@ def main():
         help="comma list of modes (int8-rowmajor: int8 with V stored [B, H, cap, D])",
     )
     ap.add_argument(
-        "--grid", choices=("default", "wide", "rows"), default="default", help="the --tune sweep (see tuning_grid)"
+        "--grid",
+        choices=("default", "wide", "rows", "splits"),
+        default="default",
+        help="the --tune sweep (see tuning_grid)",
     )
     ap.add_argument("--shapes", default=",".join(f"{b}x{n}" for b, n in SHAPES), help="comma list of BATCHxCONTEXT")
     ap.add_argument("--no-check", action="store_true")
@@ -494,7 +505,7 @@ def main():
             default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, pps, nearest)
             configs = [{"num_splits": None, **cfg}]
             if args.tune:
-                configs += tuning_grid(args.grid, default_splits)
+                configs += tuning_grid(args.grid, default_splits, (cfg["block_n"], cfg["num_warps"]))
             try:
                 results, nbytes = bench_mode(mode, b, length, dtype, device, cod, configs, args.append)
             except Exception as exc:  # keep timing the other modes; report the failure

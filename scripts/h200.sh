@@ -51,6 +51,7 @@
 #   Y (no carry; 2026-12-01, fourth session): int8 with fp16 dots of biased codes beside the integer dots:
 #      int8 kernel tests, attention + append alone, the f16 variant's launch sweep, per kernel
 #   Z (carry .gpu/m0, after Y; int8 takes the f16 dots): int8's wide launch sweep, the benchmark
+#   AA (no carry, after Z): int8's reduction warps per kernel; every mode's split count swept
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -304,6 +305,14 @@ Z)  # after Y (carry .gpu/m0): int8 takes the f16 dots by default: the wide laun
   echo "tune rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels-z-tune.txt | tail -14
   bench1 Z ${Z_TIMEOUT:-260}
   (cd $OUT && tar czf all.tgz bench Z-bench.log kernels-z-tune.txt) ;;
+AA)  # after Z (no carry): reductions of 1 / 2 / 4 warps for int8 (2 and 4 merge 64 splits a pass), per kernel;
+    # every mode's split count swept around its default (its own program shape), attention + append alone
+  timeout ${AA1_TIMEOUT:-90} python3 scripts/bench_kernels.py --parts --append default --shapes 1x2048,1x8192,1x32768,16x32768 \
+    --modes fp16,int8:rw1,int8:rw2,int8:rw4,turbo4-asym:rw1,turbo4-asym:rw2 > $OUT/parts-aa.txt 2>&1; echo "parts rc=$?"
+  grep -v warn $OUT/parts-aa.txt | tail -26
+  timeout ${AA2_TIMEOUT:-330} python3 scripts/bench_kernels.py --no-check --tune --grid splits --append default \
+    --shapes 1x2048,1x8192,1x32768,16x8192,16x32768 > $OUT/kernels-aa-tune.txt 2>&1
+  echo "tune rc=$?"; grep "top 5\|^ *[0-9]* *[0-9]* [a-z]" $OUT/kernels-aa-tune.txt | grep -v "turbo4 write" | tail -80 ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -312,6 +321,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

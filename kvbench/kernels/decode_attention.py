@@ -832,7 +832,7 @@ def decode_attention(
         q, k_new, v_new, workspace.m, workspace.l, workspace.acc, s1v, s2v, out,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         out.stride(0), out.stride(1), hq, s, qk_scale, *tensors, length, cold, *sizes,
-        G=group, D=dim, BLOCK_S=min(64 if reduce_warps >= 4 else 32, triton.next_power_of_2(s)), ROTATED=rotated,
+        G=group, D=dim, BLOCK_S=min(32 * min(reduce_warps, 2), triton.next_power_of_2(s)), ROTATED=rotated,
         HAS_HOT=vf == "delegated", APPEND=fused, WRITE_FIRST=cfg["write_first"] if write_first is None else write_first,
         num_warps=reduce_warps, **consts,
     )  # fmt: skip
