@@ -499,7 +499,8 @@ def main():
         for mode in modes:
             cfg = default_config(kernel_mode(mode)[0])
             pps, nearest = cfg.pop("programs_per_sm"), cfg.pop("nearest", False)
-            for key in ("deep_stages", "fuse_append", "reduce_warps", *VARIANTS_KEYS):  # not split-kernel launch knobs
+            not_split_knobs = ("deep_stages", "deep_any_occupancy", "fuse_append", "reduce_warps", *VARIANTS_KEYS)
+            for key in not_split_knobs:
                 cfg.pop(key, None)
             cfg["num_stages"] = None  # as the launcher picks it (launch_stages)
             default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, pps, nearest)

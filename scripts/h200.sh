@@ -52,6 +52,8 @@
 #      int8 kernel tests, attention + append alone, the f16 variant's launch sweep, per kernel
 #   Z (carry .gpu/m0, after Y; int8 takes the f16 dots): int8's wide launch sweep, the benchmark
 #   AA (no carry, after Z): int8's reduction warps per kernel; every mode's split count swept
+#   AB (carry .gpu/m0, the defaults from AA): per kernel, attention + append alone, the benchmark
+#   AC (after AB, same machine, carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel and engine tests
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -313,6 +315,22 @@ AA)  # after Z (no carry): reductions of 1 / 2 / 4 warps for int8 (2 and 4 merge
   timeout ${AA2_TIMEOUT:-330} python3 scripts/bench_kernels.py --no-check --tune --grid splits --append default \
     --shapes 1x2048,1x8192,1x32768,16x8192,16x32768 > $OUT/kernels-aa-tune.txt 2>&1
   echo "tune rc=$?"; grep "top 5\|^ *[0-9]* *[0-9]* [a-z]" $OUT/kernels-aa-tune.txt | grep -v "turbo4 write" | tail -80 ;;
+AB)  # after AA (carry .gpu/m0): the defaults chosen from AA (one-block splits allowed, turbo3-asym's third
+    # stage at any occupancy): GPU time per kernel, attention + append alone, the benchmark
+  cp .gpu/m0/* $M/
+  timeout ${AB1_TIMEOUT:-90} python3 scripts/bench_kernels.py --parts --shapes 1x2048,1x32768,16x32768 \
+    --append default > $OUT/parts.txt 2>&1; echo "parts rc=$?"; grep -v warn $OUT/parts.txt | tail -20
+  timeout ${AB2_TIMEOUT:-100} python3 scripts/bench_kernels.py --no-check --append default > $OUT/kernels.txt 2>&1
+  echo "kernels rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels.txt | tail -22
+  bench1 AB ${AB_TIMEOUT:-260}
+  (cd $OUT && tar czf all.tgz bench AB-bench.log parts.txt kernels.txt kernels.csv) ;;
+AC)  # after AB, same machine (carry .gpu/m1 .gpu/whl): the full audit beside the kernel and engine tests
+  [[ -f $M/part00 ]] || { echo "part00 missing: the machine was not the one of phase AB"; exit 3; }
+  cp .gpu/m1/* $M/ && cat $M/part0* > $G && sha256sum $G && wheels
+  (step audit > $OUT/AC-audit.log 2>&1) & (TEST_TIMEOUT=${TEST_TIMEOUT:-300} step ktests > $OUT/AC-ktests.log 2>&1) &
+  (step raw4 > $OUT/AC-raw4.log 2>&1) &
+  wait; cat $OUT/AC-*.log | grep -v '^\s*$' | tail -16
+  (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 AC-*.log gpu-kernel-tests.txt) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -321,6 +339,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

@@ -90,9 +90,13 @@ def test_fused_decode_matches_reference(tiny, mode, seed, monkeypatch):
         # 0.011, and in 2 of ~50 runs some tens of the 30720 logits above 0.02. So the
         # stored codes must agree but for rare one-cell moves, and the logits must agree
         # in bulk (99th percentile) and loosely everywhere. A wiring bug (slot,
-        # position, rotation, fold) breaks all three by far.
+        # position, rotation, fold) breaks all three by far. int8's cells are 16x finer
+        # (255 of them, each 1/127 of the token's largest value), so more codes sit near an
+        # edge: over 3 seeds 0.26-0.44% moved with its integer dots ("s8") and 1.16-1.25%
+        # with its fp16 dots (the default), logits within 0.009 either way.
         moved, cells = code_moves(caches, ref_caches)
-        assert moved < 0.01 and cells <= 1, f"seed {seed}: {moved:.2%} of the codes differ, by up to {cells} cells"
+        limit = 0.05 if mode == "int8" else 0.01
+        assert moved < limit and cells <= 1, f"seed {seed}: {moved:.2%} of the codes differ, by up to {cells} cells"
         err = (got - ref).abs()
         assert err.max() < 0.25, f"seed {seed}: max |logit diff| {err.max():.3g}"
         q99 = err.quantile(0.99)

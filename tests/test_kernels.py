@@ -260,7 +260,7 @@ def test_workspace_serves_every_length(seed):
 def test_choose_num_splits():
     assert choose_num_splits(1, 8, 32768) == 33  # 264 programs: 2 per SM of an H200
     assert choose_num_splits(1, 8, 32768, programs_per_sm=(1, 1)) == 17
-    assert choose_num_splits(1, 8, 1024) == 4  # short cache: at least 2 blocks of 128 per split
+    assert choose_num_splits(1, 8, 1024) == 8  # short cache: at least 1 block of 128 per split
     assert choose_num_splits(16, 8, 32768) == 5  # 4 programs per SM: long splits balance the SMs
     assert choose_num_splits(64, 8, 16) == 1
     # int8's rule: ~2 programs per SM, rounded to the nearest count of splits
@@ -277,6 +277,10 @@ def test_launch_stages():
     assert launch_stages(cfg, 128 * 17, 1928) == 2  # batch 16: programs wait in waves, occupancy counts
     assert launch_stages(default_config("int8"), 8 * 33, 993) == 3  # no deep_stages: num_stages as set
     assert launch_stages(default_config("turbo4"), 8 * 66, 497) == 2
+    turbo3 = default_config("turbo3-asym")  # the third stage at any occupancy, still only for long splits
+    assert launch_stages(turbo3, 128 * 9, 3641) == 3
+    assert launch_stages(turbo3, 8 * 33, 254) == 2
+    assert choose_num_splits(16, 8, 32768, programs_per_sm=turbo3["programs_per_sm"]) == 9
 
 
 @pytest.mark.parametrize("bits", [3, 4])
