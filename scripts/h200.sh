@@ -54,6 +54,7 @@
 #   AA (no carry, after Z): int8's reduction warps per kernel; every mode's split count swept
 #   AB (carry .gpu/m0, the defaults from AA): per kernel, attention + append alone, the benchmark
 #   AC (after AB, same machine, carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel and engine tests
+#   then `step bench` (no carry) at 345cbd0, the same code, for a second reading (results/2026-12-01d-h200/rerun-345cbd0)
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
