@@ -7,9 +7,11 @@ Two launches (three for turbo K, which first rotates the query):
    the kernel from the device-side length L, so one fixed grid serves every L (CUDA
    graphs). Online softmax in float32 (log2 units); writes partial (m, l, acc).
    Quantized formats are never dequantized element by element:
-   - int8 K: scores = (q @ k_int8^T) * k_scale with q split into two int8 parts
-     (hi + lo / 254, ~15 bits) so both products are integer tensor-core dots;
-   - int8 V: weights w = p * v_scale, split the same way, acc += w @ v_int8;
+   - int8 K (default, `int8_dot="f16"`): codes become fp16 c + 1152 in registers (byte
+     permutes, exact), scores = (q16 @ (k + 1152)^T - 1152 * sum(q16)) * k_scale;
+     `int8_dot="s8"`: q split into two int8 parts (hi + lo / 254, ~15 bits), integer dots;
+   - int8 V: weights w = p * v_scale, in fp16 against the biased codes (the bias comes
+     off once per output row as 1152 * sum(w)), or split like q for integer dots;
    - turbo K: scores = k_scale * <q_rot, c[codes]>; turbo V: acc += (p * v_scale) @ c[codes]
      in the rotated basis (codebook gather in registers, fp16 tensor-core dot);
    - delegated V: cold turbo codes for tokens < C, shared by splits 0..S-2, and hot
