@@ -118,6 +118,18 @@ step() {
   echo "== $1 done rc=$rc in $((SECONDS - t0)) s"
 }
 
+# audit_beside_tests PHASE FIRST [raw4]: the model's second half joins the first (left by phase FIRST on
+# this machine), then the full audit (and raw turbo4's) runs beside the kernel and engine tests
+audit_beside_tests() {
+  [[ -f $M/part00 ]] || { echo "part00 missing: the machine was not the one of phase $2"; exit 3; }
+  cp .gpu/m1/* $M/ && cat $M/part0* > $G && sha256sum $G && wheels
+  local saved=(audit gpu-kernel-tests.txt)
+  (step audit > $OUT/$1-audit.log 2>&1) & (TEST_TIMEOUT=${TEST_TIMEOUT:-300} step ktests > $OUT/$1-ktests.log 2>&1) &
+  if [[ ${3:-} == raw4 ]]; then (step raw4 > $OUT/$1-raw4.log 2>&1) & saved+=(audit-raw-turbo4); fi
+  wait; cat $OUT/$1-*.log | grep -v '^\s*$' | tail -16
+  (cd $OUT && tar czf all.tgz "${saved[@]}" "$1"-*.log)
+}
+
 case "${1:-}" in
 step) shift; [[ $1 == audit || $1 == raw4 || $1 == peers* ]] && [[ ! -f $G ]] && cat $M/part0* > $G
   [[ $1 == ktests || $1 == peers* || $1 == audit || $1 == raw4 ]] && wheels
@@ -265,11 +277,7 @@ U)  # the final code of 2026-12-01's third session (carry .gpu/m0): GPU time per
   bench1 U ${U_TIMEOUT:-260}
   (cd $OUT && tar czf all.tgz bench U-bench.log parts.txt kernels.txt kernels.csv) ;;
 V)  # after U, same machine (carry .gpu/m1 .gpu/whl): the audit and the kernel and engine tests side by side
-  [[ -f $M/part00 ]] || { echo "part00 missing: the machine was not the one of phase U"; exit 3; }
-  cp .gpu/m1/* $M/ && cat $M/part0* > $G && sha256sum $G && wheels
-  (step audit > $OUT/V-audit.log 2>&1) & (TEST_TIMEOUT=${TEST_TIMEOUT:-300} step ktests > $OUT/V-ktests.log 2>&1) &
-  wait; cat $OUT/V-*.log | grep -v '^\s*$' | tail -12
-  (cd $OUT && tar czf all.tgz audit V-*.log gpu-kernel-tests.txt) ;;
+  audit_beside_tests V U ;;
 W)  # after V (carry .gpu/m0): the turbo write without a division per coordinate: GPU time per kernel,
     # the write and append tests on compiled kernels, the benchmark
   cp .gpu/m0/* $M/
@@ -325,13 +333,8 @@ AB)  # after AA (carry .gpu/m0): the defaults chosen from AA (one-block splits a
   echo "kernels rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels.txt | tail -22
   bench1 AB ${AB_TIMEOUT:-260}
   (cd $OUT && tar czf all.tgz bench AB-bench.log parts.txt kernels.txt kernels.csv) ;;
-AC)  # after AB, same machine (carry .gpu/m1 .gpu/whl): the full audit beside the kernel and engine tests
-  [[ -f $M/part00 ]] || { echo "part00 missing: the machine was not the one of phase AB"; exit 3; }
-  cp .gpu/m1/* $M/ && cat $M/part0* > $G && sha256sum $G && wheels
-  (step audit > $OUT/AC-audit.log 2>&1) & (TEST_TIMEOUT=${TEST_TIMEOUT:-300} step ktests > $OUT/AC-ktests.log 2>&1) &
-  (step raw4 > $OUT/AC-raw4.log 2>&1) &
-  wait; cat $OUT/AC-*.log | grep -v '^\s*$' | tail -16
-  (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 AC-*.log gpu-kernel-tests.txt) ;;
+AC)  # after AB, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel and engine tests
+  audit_beside_tests AC AB raw4 ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)

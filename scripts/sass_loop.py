@@ -39,7 +39,7 @@ ALIGNED_INTS = ("stride_qb", "stride_qh", "cap", "v_cap", "hot_cap")  # multiple
 
 
 def compile_split(
-    mode: str, block_n: int, warps: int, stages: int, group: int = 4, dim: int = 128, int8_dot: str = "s8"
+    mode: str, block_n: int, warps: int, stages: int, group: int = 4, dim: int = 128, int8_dot: str | None = None
 ):
     """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned."""
     kf, vf = FORMATS[mode]
@@ -49,7 +49,7 @@ def compile_split(
         "G": group, "D": dim, "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
         "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf == "int8",
         "PRECISION": "tf32", "PRMT": kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8",
-        "I8_F16": int8_dot == "f16",
+        "I8_F16": (int8_dot or default_config(mode)["int8_dot"]) == "f16",
     }  # fmt: skip
     table = lambda name: "*i32" if name.startswith("CB") else "*fp32"  # noqa: E731 (prmt tables, float32 scales)
     return compile_sm90(fn, consts, pointers, table, {"num_warps": warps, "num_stages": stages}, ALIGNED_INTS)
@@ -138,7 +138,7 @@ def main():
     ap.add_argument("--block-n", type=int, default=128)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=3)
-    ap.add_argument("--int8-dot", default="s8", choices=("s8", "f16"), help="the int8 kernel's dot (default_config)")
+    ap.add_argument("--int8-dot", choices=("s8", "f16"), help="the int8 kernel's dots (default: default_config's, f16)")
     ap.add_argument(
         "--reduce",
         action="store_true",
