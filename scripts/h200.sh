@@ -118,6 +118,18 @@ step() {
   echo "== $1 done rc=$rc in $((SECONDS - t0)) s"
 }
 
+# kernels_then_bench PHASE: at the launch defaults, GPU time per kernel and attention + append alone,
+# then the benchmark (the model's first half left in $M for the phase after)
+kernels_then_bench() {
+  cp .gpu/m0/* $M/
+  timeout ${PARTS_TIMEOUT:-100} python3 scripts/bench_kernels.py --parts --shapes 1x2048,1x32768,16x32768 \
+    --append default > $OUT/parts.txt 2>&1; echo "parts rc=$?"; grep -v warn $OUT/parts.txt | tail -20
+  timeout ${KERNELS_TIMEOUT:-100} python3 scripts/bench_kernels.py --no-check --append default > $OUT/kernels.txt 2>&1
+  echo "kernels rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels.txt | tail -22
+  bench1 $1 ${BENCH1_TIMEOUT:-260}
+  (cd $OUT && tar czf all.tgz bench $1-bench.log parts.txt kernels.txt kernels.csv)
+}
+
 # audit_beside_tests PHASE FIRST [raw4]: the model's second half joins the first (left by phase FIRST on
 # this machine), then the full audit (and raw turbo4's) runs beside the kernel and engine tests
 audit_beside_tests() {
@@ -269,13 +281,7 @@ T)  # after S: int8's chunked rows with one block-diagonal p @ V dot over the wh
   echo "tune rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels-t-tune.txt | tail -12 ;;
 U)  # the final code of 2026-12-01's third session (carry .gpu/m0): GPU time per kernel, attention + append
     # alone, the benchmark
-  cp .gpu/m0/* $M/
-  timeout ${U1_TIMEOUT:-100} python3 scripts/bench_kernels.py --parts --shapes 1x2048,1x32768,16x32768 \
-    --append default > $OUT/parts.txt 2>&1; echo "parts rc=$?"; grep -v warn $OUT/parts.txt | tail -20
-  timeout ${U2_TIMEOUT:-100} python3 scripts/bench_kernels.py --no-check --append default > $OUT/kernels.txt 2>&1
-  echo "kernels rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels.txt | tail -22
-  bench1 U ${U_TIMEOUT:-260}
-  (cd $OUT && tar czf all.tgz bench U-bench.log parts.txt kernels.txt kernels.csv) ;;
+  kernels_then_bench U ;;
 V)  # after U, same machine (carry .gpu/m1 .gpu/whl): the audit and the kernel and engine tests side by side
   audit_beside_tests V U ;;
 W)  # after V (carry .gpu/m0): the turbo write without a division per coordinate: GPU time per kernel,
@@ -326,13 +332,7 @@ AA)  # after Z (no carry): reductions of 1 / 2 / 4 warps for int8 (2 and 4 merge
   echo "tune rc=$?"; grep "top 5\|^ *[0-9]* *[0-9]* [a-z]" $OUT/kernels-aa-tune.txt | grep -v "turbo4 write" | tail -80 ;;
 AB)  # after AA (carry .gpu/m0): the defaults chosen from AA (one-block splits allowed, turbo3-asym's third
     # stage at any occupancy): GPU time per kernel, attention + append alone, the benchmark
-  cp .gpu/m0/* $M/
-  timeout ${AB1_TIMEOUT:-90} python3 scripts/bench_kernels.py --parts --shapes 1x2048,1x32768,16x32768 \
-    --append default > $OUT/parts.txt 2>&1; echo "parts rc=$?"; grep -v warn $OUT/parts.txt | tail -20
-  timeout ${AB2_TIMEOUT:-100} python3 scripts/bench_kernels.py --no-check --append default > $OUT/kernels.txt 2>&1
-  echo "kernels rc=$?"; grep -v "^batch\|turbo4 write" $OUT/kernels.txt | tail -22
-  bench1 AB ${AB_TIMEOUT:-260}
-  (cd $OUT && tar czf all.tgz bench AB-bench.log parts.txt kernels.txt kernels.csv) ;;
+  kernels_then_bench AB ;;
 AC)  # after AB, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel and engine tests
   audit_beside_tests AC AB raw4 ;;
 K)
