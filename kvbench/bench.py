@@ -37,6 +37,12 @@ from kvbench.sweep import FileSink, Sweep, key
 GB = 1e9
 
 
+def _pdl_supported(dev) -> bool:
+    from kvbench.kernels.launch import pdl_supported
+
+    return pdl_supported(dev)
+
+
 class BenchJob:
     def __init__(self, session: Session, progress: Progress, sweep: Sweep | None = None) -> None:
         self.s = session
@@ -47,7 +53,7 @@ class BenchJob:
         c = self.cfg
         # everything besides mode, context and batch that changes a measurement
         self.params = key(
-            session.lm.weights_hash, session.base_row["dtype"], c.kernel, c.cuda_graphs, c.prefill_chunk,
+            session.lm.weights_hash, session.base_row["dtype"], c.kernel, c.cuda_graphs, c.pdl, c.prefill_chunk,
             c.boundary_v, c.no_fallback, c.yarn, c.gen, c.warmup, c.repeats, c.fill, c.max_kv_size, c.keep,
         )  # fmt: skip
 
@@ -322,6 +328,8 @@ class BenchJob:
         fused = s.fused(caches)
         out["kernel"] = s.kernel if fused else "reference"
         out["cuda_graphs"] = fused and cfg.cuda_graphs
+        if fused and not (cfg.pdl and _pdl_supported(dev)):
+            notes.append("kernels launched without programmatic dependent launch (--no-pdl or before sm_90)")
         step = self._stepper(model, caches, cap, fused)
         self.p.step(f"{label}: warmup", cfg.warmup)
         for i in range(cfg.warmup):
@@ -369,7 +377,7 @@ class BenchJob:
             from kvbench.engine.fast_decode import FastDecoder
 
             graphs = self.cfg.cuda_graphs if graphs is None else graphs
-            dec = FastDecoder(model, caches, caches[0].batch, cuda_graphs=graphs, cap=cap)
+            dec = FastDecoder(model, caches, caches[0].batch, cuda_graphs=graphs, cap=cap, pdl=self.cfg.pdl)
 
             def fused_step(tok):
                 dec.step(tok)

@@ -121,6 +121,14 @@ NoGraphs = Annotated[
     bool | None,
     typer.Option("--no-cuda-graphs", help="GPU: decode eagerly instead of replaying a CUDA graph.", show_default=False),
 ]
+NoPdl = Annotated[
+    bool | None,
+    typer.Option(
+        "--no-pdl",
+        help="GPU: launch the decode kernels one after another, not with programmatic dependent launch (sm_90+).",
+        show_default=False,
+    ),
+]
 Quiet = Annotated[bool | None, typer.Option("--quiet", "-q", help="No progress bars or tables.", show_default=False)]
 Resume = Annotated[
     bool | None, typer.Option("--resume", help="Skip cells already in the results folder.", show_default=False)
@@ -147,6 +155,8 @@ def _common(**kw) -> dict:
         out["plugin"] = None
     if out.pop("no_cuda_graphs", None):
         out["cuda_graphs"] = False
+    if out.pop("no_pdl", None):
+        out["pdl"] = False
     return out
 
 
@@ -379,6 +389,7 @@ def audit(
     formats: Formats = None,
     quiet: Quiet = None,
     no_cuda_graphs: NoGraphs = None,
+    no_pdl: NoPdl = None,
     resume: Resume = None,
     force: Force = None,
     devices: Devices = None,
@@ -447,6 +458,7 @@ def decode_bench(
     formats: Formats = None,
     quiet: Quiet = None,
     no_cuda_graphs: NoGraphs = None,
+    no_pdl: NoPdl = None,
     resume: Resume = None,
     force: Force = None,
     devices: Devices = None,

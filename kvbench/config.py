@@ -38,6 +38,7 @@ class Common:
     force: bool = False
     devices: str | None = None
     cuda_graphs: bool = True
+    pdl: bool = True
 
 
 @dataclass

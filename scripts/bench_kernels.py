@@ -39,6 +39,7 @@ from kvbench.kernels.decode_attention import (
     default_config,
     launch_stages,
 )
+from kvbench.kernels.launch import programmatic_launch
 from kvbench.kernels.quantize import write_kv
 
 HQ, HKV, D = 32, 8, 128
@@ -457,7 +458,15 @@ def main():
         "own), default (the mode's default), fused (in the reduction kernel), launch (a write_kv launch after it)",
     )
     ap.add_argument("--reduce-warps", type=int, help="warps of the reduction kernel (default: the mode's)")
+    ap.add_argument(
+        "--pdl", action="store_true", help="launch with programmatic dependent launch, as the decode step does"
+    )
     args = ap.parse_args()
+    with programmatic_launch(args.pdl):
+        run(args)
+
+
+def run(args):
     global REDUCE_WARPS
     REDUCE_WARPS = args.reduce_warps
     device = torch.device("cuda")
@@ -490,7 +499,9 @@ def main():
     if not args.no_check:
         check(device, cod)
     rows = []
-    print(f"\n== decode attention, one layer: Hq={HQ}, Hkv={HKV}, D={D}, bf16, CUDA graphs; append: {args.append} ==")
+    print(
+        f"\n== decode attention, one layer: Hq={HQ}, Hkv={HKV}, D={D}, bf16, CUDA graphs; append: {args.append}, PDL: {'on' if args.pdl else 'off'} =="
+    )
     print(f"{'batch':>5} {'context':>7} {'kernel':17} {'us':>8} {'TB/s':>6} {'vs sdpa':>7}  config")
     for b, length in shapes:
         sdpa_us, sdpa_bytes = bench_sdpa(b, length, dtype, device)

@@ -55,6 +55,8 @@
 #   AB (carry .gpu/m0, the defaults from AA): per kernel, attention + append alone, the benchmark
 #   AC (after AB, same machine, carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel and engine tests
 #   then `step bench` (no carry) at 345cbd0, the same code, for a second reading (results/2026-12-01d-h200/rerun-345cbd0)
+#   AD (carry .gpu/m0 .gpu/whl; 2026-12-01, fifth session): programmatic dependent launch: PDL and engine tests,
+#      attention + append without and with PDL, the benchmark with PDL and with --no-pdl
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -335,6 +337,21 @@ AB)  # after AA (carry .gpu/m0): the defaults chosen from AA (one-block splits a
   kernels_then_bench AB ;;
 AC)  # after AB, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel and engine tests
   audit_beside_tests AC AB raw4 ;;
+AD)  # 2026-12-01, fifth session (carry .gpu/m0 .gpu/whl): programmatic dependent launch (PDL). The PDL and
+    # engine tests compiled (CUDA graphs); attention + append alone without and with PDL; the benchmark with
+    # PDL (the default), then without (--no-pdl; no capacity search, which PDL does not change)
+  cp .gpu/m0/* $M/ && wheels
+  KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${AD1_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider \
+    tests/test_pdl.py tests/test_fast_decode.py > $OUT/gpu-pdl-tests.txt 2>&1; tail -3 $OUT/gpu-pdl-tests.txt
+  for p in off on; do
+    timeout ${AD2_TIMEOUT:-70} python3 scripts/bench_kernels.py --no-check --append default --shapes 1x2048,1x8192,1x32768,16x32768 \
+      $([[ $p == on ]] && echo --pdl) > $OUT/kernels-pdl-$p.txt 2>&1; echo "kernels pdl $p rc=$?"
+    grep -v "^batch\|turbo4 write\|sdpa" $OUT/kernels-pdl-$p.txt | cut -c1-50 | tail -26
+  done
+  bench1 AD ${AD3_TIMEOUT:-240}
+  timeout ${AD4_TIMEOUT:-200} python3 -m kvbench decode-bench ${SWEEP/--capacity/} --no-pdl --devices 0 \
+    --out $OUT/bench-nopdl > $OUT/AD-bench-nopdl.log 2>&1; echo "bench --no-pdl rc=$?"; tail -2 $OUT/AD-bench-nopdl.log
+  (cd $OUT && tar czf all.tgz bench bench-nopdl AD-*.log gpu-pdl-tests.txt kernels-pdl-*.txt) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -343,6 +360,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

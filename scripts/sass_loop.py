@@ -39,7 +39,14 @@ ALIGNED_INTS = ("stride_qb", "stride_qh", "cap", "v_cap", "hot_cap")  # multiple
 
 
 def compile_split(
-    mode: str, block_n: int, warps: int, stages: int, group: int = 4, dim: int = 128, int8_dot: str | None = None
+    mode: str,
+    block_n: int,
+    warps: int,
+    stages: int,
+    group: int = 4,
+    dim: int = 128,
+    int8_dot: str | None = None,
+    pdl: bool = False,
 ):
     """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned."""
     kf, vf = FORMATS[mode]
@@ -49,7 +56,7 @@ def compile_split(
         "G": group, "D": dim, "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
         "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf == "int8",
         "PRECISION": "tf32", "PRMT": kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8",
-        "I8_F16": (int8_dot or default_config(mode)["int8_dot"]) == "f16",
+        "I8_F16": (int8_dot or default_config(mode)["int8_dot"]) == "f16", "PDL": pdl,
     }  # fmt: skip
     table = lambda name: "*i32" if name.startswith("CB") else "*fp32"  # noqa: E731 (prmt tables, float32 scales)
     return compile_sm90(fn, consts, pointers, table, {"num_warps": warps, "num_stages": stages}, ALIGNED_INTS)
@@ -78,7 +85,7 @@ def compile_sm90(fn, consts, pointers, table, options, aligned=()):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_reduce(mode: str, append: bool, group: int = 4, dim: int = 128):
+def compile_reduce(mode: str, append: bool, group: int = 4, dim: int = 128, pdl: bool = False):
     """The reduction kernel of `mode` (one warp, as launched), with or without the fresh
     token's write, compiled for sm_90."""
     kf, vf = FORMATS[mode]
@@ -89,7 +96,7 @@ def compile_reduce(mode: str, append: bool, group: int = 4, dim: int = 128):
         "G": group, "D": dim, "BLOCK_S": 32, "ROTATED": vf.startswith(("turbo", "delegated")),
         "HAS_HOT": vf == "delegated", "APPEND": append, "WRITE_FIRST": cfg["write_first"],
         "K_FMT": FORMAT_IDS[wf.get(kf, kf)], "V_FMT": FORMAT_IDS[wf.get(vf, vf)], "V_TOKEN_MAJOR": vf == "int8",
-        **wht_params(dim),
+        **wht_params(dim), "PDL": pdl,
     }  # fmt: skip
     codes = {"float": "*bf16", "int8": "*i8", "turbo4": "*u8", "turbo3": "*u8", "delegated": "*bf16"}
     pointers = {"Q": "*bf16", "KN": "*bf16", "VN": "*bf16", "OUT": "*bf16", "LEN": "*i32", "COLD": "*i32"}

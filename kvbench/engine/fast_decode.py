@@ -30,7 +30,9 @@ class FastDecoder:
     and returns the logits [B, V] (float32, a static buffer: copy to keep).
     """
 
-    def __init__(self, model, caches: list, batch: int, *, cuda_graphs: bool = True, cap=None) -> None:
+    def __init__(
+        self, model, caches: list, batch: int, *, cuda_graphs: bool = True, cap=None, pdl: bool = True
+    ) -> None:
         from kvbench.kernels.decode_attention import DecodeWorkspace
 
         self.model = model
@@ -40,6 +42,7 @@ class FastDecoder:
         dev = model.device
         a = model.args
         self.use_graphs = cuda_graphs and dev.type == "cuda"
+        self.pdl = pdl  # Triton kernels launched with programmatic dependent launch (sm_90+; see kernels.launch)
         self.graph = None
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=dev)
         self.state = torch.zeros(3, dtype=torch.int32, device=dev)  # L, C, position
@@ -62,6 +65,12 @@ class FastDecoder:
 
     # ------------------------------------------------------------- the step body
     def _body(self) -> None:
+        from kvbench.kernels.launch import programmatic_launch
+
+        with programmatic_launch(self.pdl):
+            self._layers()
+
+    def _layers(self) -> None:
         from kvbench.kernels.fused_ops import rmsnorm, rope_qk, silu_mul
 
         m = self.model

@@ -91,7 +91,9 @@ def decode_one_token(model, token: torch.Tensor, caches: list, cap: KVCap | None
     return forward_chunk(model, token, caches, cap)[:, -1]
 
 
-def make_stepper(model, caches, cap: KVCap | None = None, *, fused: bool = False, cuda_graphs: bool = True):
+def make_stepper(
+    model, caches, cap: KVCap | None = None, *, fused: bool = False, cuda_graphs: bool = True, pdl: bool = True
+):
     """A function token [B, 1] -> next-token logits [B, V] (a fresh tensor).
 
     `fused`: the GPU path (Triton kernels, one CUDA graph per decoder); else the
@@ -100,7 +102,7 @@ def make_stepper(model, caches, cap: KVCap | None = None, *, fused: bool = False
     if fused:
         from kvbench.engine.fast_decode import FastDecoder
 
-        dec = FastDecoder(model, caches, caches[0].batch, cuda_graphs=cuda_graphs, cap=cap)
+        dec = FastDecoder(model, caches, caches[0].batch, cuda_graphs=cuda_graphs, cap=cap, pdl=pdl)
         return lambda tok: dec.step(tok).clone()
     return lambda tok: decode_one_token(model, tok, caches, cap)
 

@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kvbench.kernels.launch import pdl_enter, pdl_kwargs
 from kvbench.kernels.quantize import (
     DELEGATED,
     FLOAT,
@@ -357,8 +358,10 @@ def _decode_split_kernel(
     PRECISION: tl.constexpr,
     PRMT: tl.constexpr,
     I8_F16: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # grid: (B * Hkv, num_splits): one program per (batch, kv head, split of [0, L)), for all G query heads
+    pdl_enter(PDL)
     bh = tl.program_id(0)
     split = tl.program_id(1)
     n_splits = tl.num_programs(1)
@@ -505,8 +508,11 @@ def _decode_reduce_kernel(
     V_TOKEN_MAJOR: tl.constexpr,
     A: tl.constexpr,
     INV_SQRT_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
-    # grid: (B * Hq,): one program per (batch, query head) merges its splits and the fresh token
+    # grid: (B * Hq,): one program per (batch, query head) merges its splits and the fresh token.
+    # With PDL it starts while the split kernel runs: until it waits, it touches only what that
+    # kernel neither writes nor reads (q and the fresh token, written two launches back; slot L).
     row = tl.program_id(0)
     b = row // Hq
     h = row % Hq
@@ -514,10 +520,12 @@ def _decode_reduce_kernel(
     q = tl.load(Q + b * stride_qb + h * stride_qh + d).to(tl.float32)
     kn = tl.load(KN + b * stride_kb + (h // G) * stride_kh + d).to(tl.float32)
     vn = tl.load(VN + b * stride_vb + (h // G) * stride_vh + d).to(tl.float32)
-    if APPEND and WRITE_FIRST:  # independent of the splits: its latency overlaps the merge's loads
+    if APPEND and (WRITE_FIRST or PDL):  # independent of the splits: its latency overlaps the merge's
+        # loads (or, with PDL, the split kernel itself)
         _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
                       cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, A, INV_SQRT_D)  # fmt: skip
     m = tl.sum(q * kn, 0) * qk_scale  # the fresh token starts the merge: m is finite
+    pdl_enter(PDL)  # from here on the splits' partial results are read
     l_sum = m * 0.0 + 1.0
     w_new = m * 0.0 + 1.0
     acc = tl.zeros([D], tl.float32)
@@ -543,7 +551,7 @@ def _decode_reduce_kernel(
         acc = _wht((acc * tl.load(S2 + d))[None, :], 1, D, A, INV_SQRT_D)
         acc = tl.reshape(acc, [D]) * tl.load(S1 + d)
     out = (acc + acc_hot + w_new * vn) / l_sum
-    if APPEND and not WRITE_FIRST:  # after every load above: a cross-warp reduction's barrier
+    if APPEND and not (WRITE_FIRST or PDL):  # after every load above: a cross-warp reduction's barrier
         # in the write would hold them back (4-warp reductions, 2026-12-01)
         _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
                       cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, A, INV_SQRT_D)  # fmt: skip
@@ -819,7 +827,7 @@ def decode_attention(
         q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision, PRMT=prmt,
-        I8_F16=int8_dot == "f16", num_warps=num_warps, num_stages=num_stages,
+        I8_F16=int8_dot == "f16", num_warps=num_warps, num_stages=num_stages, **pdl_kwargs(q),
     )  # fmt: skip
     rotated = vf.startswith(("turbo", "delegated"))
     s1v, s2v = v_signs if rotated else (q, q)
@@ -843,7 +851,7 @@ def decode_attention(
         out.stride(0), out.stride(1), hq, s, qk_scale, *tensors, length, cold, *sizes,
         G=group, D=dim, BLOCK_S=min(32 * min(reduce_warps, 2), triton.next_power_of_2(s)), ROTATED=rotated,
         HAS_HOT=vf == "delegated", APPEND=fused, WRITE_FIRST=cfg["write_first"] if write_first is None else write_first,
-        num_warps=reduce_warps, **consts,
+        num_warps=reduce_warps, **consts, **pdl_kwargs(q),
     )  # fmt: skip
     if append and not fused:
         write_kv(mode, k_new, v_new, buffers, length, cold_length=cold, **codecs)

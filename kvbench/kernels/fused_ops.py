@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from kvbench.kernels import fused_ops_reference as ref
+from kvbench.kernels.launch import pdl_enter, pdl_kwargs
 
 __all__ = ["rmsnorm", "rope_qk", "silu_mul"]
 
@@ -91,7 +92,9 @@ def _rmsnorm_kernel(
     eps,
     HAS_RES: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < N
@@ -180,6 +183,7 @@ def rmsnorm(
         BLOCK=block,
         num_warps=max(1, min(16, block // 256)),
         enable_fp_fusion=False,
+        **pdl_kwargs(x2),
     )
     return out if residual is None else (out, residual_out)
 
@@ -223,9 +227,11 @@ def _rope_qk_kernel(
     HAS_KN: tl.constexpr,
     HB: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # One program: one token (b, t) x HB consecutive heads of the [q | k | v]
     # head axis (a contiguous chunk of the qkv row).
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     b = (pid // T).to(tl.int64)
     t = (pid % T).to(tl.int64)
@@ -380,6 +386,7 @@ def rope_qk(
         BLOCK_D=block_d,
         num_warps=4 if hb * block_d >= 1024 else 2,
         enable_fp_fusion=False,  # else x*cos + r contracts to one fma: one rounding, not eager's two
+        **pdl_kwargs(q3),
     )
     return q_o, k_o, v_o
 
@@ -390,7 +397,8 @@ def rope_qk(
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, y_ptr, n_inter, s_x, s_y, BLOCK: tl.constexpr):
+def _silu_mul_kernel(x_ptr, y_ptr, n_inter, s_x, s_y, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < n_inter
@@ -428,6 +436,14 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Te
     block = min(block, max(256, triton.next_power_of_2(inter)))
     grid = (rows, triton.cdiv(inter, block))
     _silu_mul_kernel[grid](
-        x2, y2, inter, x2.stride(0), y2.stride(0), BLOCK=block, num_warps=max(1, block // 256), enable_fp_fusion=False
+        x2,
+        y2,
+        inter,
+        x2.stride(0),
+        y2.stride(0),
+        BLOCK=block,
+        num_warps=max(1, block // 256),
+        enable_fp_fusion=False,
+        **pdl_kwargs(x2),
     )
     return out

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kvbench.kernels.launch import pdl_enter, pdl_kwargs
 from kvbench.kernels.reference import FORMATS, token_major_stride
 
 # storage formats: the kernels' constexpr switches (HOT: the fp16 hot window of delegated V)
@@ -213,9 +214,11 @@ def _write_kv_kernel(
 
 @triton.jit
 def _rotate_kernel(
-    X, Y, S1, S2, n_rows, stride_x, D: tl.constexpr, BLOCK_R: tl.constexpr, A: tl.constexpr, INV_SQRT_D: tl.constexpr
-):
+    X, Y, S1, S2, n_rows, stride_x, D: tl.constexpr, BLOCK_R: tl.constexpr, A: tl.constexpr, INV_SQRT_D: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
     # grid: (cdiv(n_rows, BLOCK_R),): one program rotates BLOCK_R rows, y = s2 * H(s1 * x)
+    pdl_enter(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     d = tl.arange(0, D)
     mask = (rows < n_rows)[:, None]
@@ -262,8 +265,9 @@ def rotate(x: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor, out: torch.Tenso
     block_r = 1
     grid = (triton.cdiv(rows.shape[0], block_r),)
     _rotate_kernel[grid](
-        rows, out, s1, s2, rows.shape[0], rows.stride(0), D=dim, BLOCK_R=block_r, num_warps=1, **wht_params(dim)
-    )
+        rows, out, s1, s2, rows.shape[0], rows.stride(0), D=dim, BLOCK_R=block_r, num_warps=1, **wht_params(dim),
+        **pdl_kwargs(rows),
+    )  # fmt: skip
     return out
 
 
