@@ -85,12 +85,15 @@ def first(text: str, needles) -> int:
 @pytest.mark.parametrize("name", ["rmsnorm", "rope_qk", "silu_mul", "rotate", "split-fp16", "split-turbo4"])
 def test_pdl_kernels_wait_before_touching_memory(ptx, name):
     """With PDL every kernel but the reduction waits for the previous one before its first
-    global load or store, then releases the next; without PDL neither instruction is there."""
+    global load or store, then releases the next, except the two that precede the split
+    kernel (RoPE, the query rotation), which let it start only as they exit; without PDL
+    neither instruction is there."""
     on, off = ptx["True"][name], ptx["False"][name]
     assert "griddepcontrol" not in off
     wait, release = on.find("griddepcontrol.wait"), on.find("griddepcontrol.launch_dependents")
     mem = first(on, MEMORY_OPS)
-    assert wait >= 0 and release > wait, name
+    assert wait >= 0, name
+    assert (release > wait) if name not in ("rope_qk", "rotate") else (release < 0), name
     assert mem > wait, f"{name}: a global memory access precedes griddepcontrol.wait"
 
 
@@ -127,12 +130,20 @@ def test_pdl_only_where_asked_and_supported():
 def test_pdl_decode_step_same_bits(mode, seed):
     """Several layers' attention + append launched back to back in a CUDA graph, with PDL
     and without: the outputs and the caches agree bit for bit."""
+    b, hkv, group, dim, length, cap, cold, layers = 2, 8, 4, 128, 3000, 3100, 2900, 4
+    torch.set_default_device("cuda")  # the cache helpers make tensors on the default device
+    try:
+        _same_bits(mode, seed, b, hkv, group, dim, length, cap, cold, layers)
+    finally:
+        torch.set_default_device(None)
+
+
+def _same_bits(mode, seed, b, hkv, group, dim, length, cap, cold, layers):
     from test_kernels import codec_kwargs, make_cache, random_tokens
 
     from kvbench.kernels.decode_attention import DecodeWorkspace, decode_attention
     from kvbench.kernels.fused_ops import rmsnorm
 
-    b, hkv, group, dim, length, cap, cold, layers = 2, 8, 4, 128, 3000, 3100, 2900, 4
     kw = codec_kwargs(mode, dim)
     caches = [make_cache(mode, b, hkv, dim, cap, length, cold, torch.float16, kw) for _ in range(layers)]
     q = (3 * torch.randn(b, hkv * group, dim, device="cuda")).to(torch.float16)

@@ -231,7 +231,7 @@ def _rope_qk_kernel(
 ):
     # One program: one token (b, t) x HB consecutive heads of the [q | k | v]
     # head axis (a contiguous chunk of the qkv row).
-    pdl_enter(PDL)
+    pdl_enter(PDL, False)  # the attention's split grid starts once this kernel is off the SMs
     pid = tl.program_id(0)
     b = (pid // T).to(tl.int64)
     t = (pid % T).to(tl.int64)

@@ -218,7 +218,7 @@ def _rotate_kernel(
     PDL: tl.constexpr = False,
 ):  # fmt: skip
     # grid: (cdiv(n_rows, BLOCK_R),): one program rotates BLOCK_R rows, y = s2 * H(s1 * x)
-    pdl_enter(PDL)
+    pdl_enter(PDL, False)  # the split grid starts once this kernel is off the SMs
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     d = tl.arange(0, D)
     mask = (rows < n_rows)[:, None]
