@@ -57,6 +57,8 @@
 #   then `step bench` (no carry) at 345cbd0, the same code, for a second reading (results/2026-12-01d-h200/rerun-345cbd0)
 #   AD (carry .gpu/m0 .gpu/whl; 2026-12-01, fifth session): programmatic dependent launch: PDL and engine tests,
 #      attention + append without and with PDL, the benchmark with PDL and with --no-pdl
+#   AE (carry .gpu/m0 .gpu/whl, after AD): RoPE and the query rotation release the split kernel only as they
+#      exit: PDL and engine tests, the benchmark with PDL and with --no-pdl
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -352,6 +354,15 @@ AD)  # 2026-12-01, fifth session (carry .gpu/m0 .gpu/whl): programmatic dependen
   timeout ${AD4_TIMEOUT:-200} python3 -m kvbench decode-bench ${SWEEP/--capacity/} --no-pdl --devices 0 \
     --out $OUT/bench-nopdl > $OUT/AD-bench-nopdl.log 2>&1; echo "bench --no-pdl rc=$?"; tail -2 $OUT/AD-bench-nopdl.log
   (cd $OUT && tar czf all.tgz bench bench-nopdl AD-*.log gpu-pdl-tests.txt kernels-pdl-*.txt) ;;
+AE)  # after AD (carry .gpu/m0 .gpu/whl): RoPE and the query rotation no longer release the split kernel early;
+    # the PDL and engine tests compiled, the benchmark with PDL, then without
+  cp .gpu/m0/* $M/ && wheels
+  KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${AE1_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider \
+    tests/test_pdl.py tests/test_fast_decode.py > $OUT/gpu-pdl-tests.txt 2>&1; tail -3 $OUT/gpu-pdl-tests.txt
+  bench1 AE ${AE2_TIMEOUT:-240}
+  timeout ${AE3_TIMEOUT:-200} python3 -m kvbench decode-bench ${SWEEP/--capacity/} --no-pdl --devices 0 \
+    --out $OUT/bench-nopdl > $OUT/AE-bench-nopdl.log 2>&1; echo "bench --no-pdl rc=$?"; tail -2 $OUT/AE-bench-nopdl.log
+  (cd $OUT && tar czf all.tgz bench bench-nopdl AE-*.log gpu-pdl-tests.txt) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -360,6 +371,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*
