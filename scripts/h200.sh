@@ -59,6 +59,8 @@
 #      attention + append without and with PDL, the benchmark with PDL and with --no-pdl
 #   AE (carry .gpu/m0 .gpu/whl, after AD): RoPE and the query rotation release the split kernel only as they
 #      exit: PDL and engine tests, the benchmark with PDL and with --no-pdl
+#   AF (carry .gpu/m0), then AG (same machine, carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside
+#      the kernel, engine and PDL tests, at the code of AE
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -100,7 +102,8 @@ step() {
       --contexts 2k,8k,32k --out $OUT/audit-raw-turbo4 --quiet ;;
   ktests)
     KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
-      tests/test_kernels.py tests/test_fast_decode.py > $OUT/gpu-kernel-tests.txt 2>&1; tail -5 $OUT/gpu-kernel-tests.txt ;;
+      tests/test_kernels.py tests/test_fast_decode.py tests/test_pdl.py > $OUT/gpu-kernel-tests.txt 2>&1
+    tail -5 $OUT/gpu-kernel-tests.txt ;;
   peers-audit)
     timeout ${PEERS_AUDIT_TIMEOUT:-200} python3 -m kvbench audit --model $G --modes fp16,int8,turbo4-asym,hf:all \
       --contexts 2k,8k,32k --gen-tokens 32 --out $OUT/peers --quiet ;;
@@ -363,6 +366,10 @@ AE)  # after AD (carry .gpu/m0 .gpu/whl): RoPE and the query rotation no longer 
   timeout ${AE3_TIMEOUT:-200} python3 -m kvbench decode-bench ${SWEEP/--capacity/} --no-pdl --devices 0 \
     --out $OUT/bench-nopdl > $OUT/AE-bench-nopdl.log 2>&1; echo "bench --no-pdl rc=$?"; tail -2 $OUT/AE-bench-nopdl.log
   (cd $OUT && tar czf all.tgz bench bench-nopdl AE-*.log gpu-pdl-tests.txt) ;;
+AF)  # after AE (carry .gpu/m0): the model's first half staged for AG
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv; cp .gpu/m0/* $M/ && ls $M ;;
+AG)  # after AF, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel, engine and PDL tests
+  audit_beside_tests AG AF raw4 ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
@@ -371,6 +378,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*
