@@ -84,9 +84,17 @@ def file_hash(paths: list[Path]) -> str:
                 h.update(block)
     digest = h.hexdigest()[:16]
     memo[key] = digest
-    tmp = memo_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(memo))
-    tmp.replace(memo_file)
+    # a temp file of its own: runs side by side (an audit beside another) must not rename each
+    # other's; the memo is only a shortcut, so a failed write costs a re-hash next time, no more
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=memo_file.parent, prefix=".hashes-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(memo))
+        os.replace(tmp, memo_file)
+    except OSError:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
     return digest
 
 
