@@ -150,7 +150,12 @@ audit_beside_tests() {
 }
 
 case "${1:-}" in
-step) shift; [[ $1 == audit || $1 == raw4 || $1 == peers* ]] && [[ ! -f $G ]] && cat $M/part0* > $G
+step) shift
+  if [[ $1 == audit || $1 == raw4 || $1 == peers* ]] && [[ ! -f $G ]]; then  # join the halves (m1 carried now)
+    [[ -d .gpu/m1 ]] && cp .gpu/m1/* $M/
+    [[ -f $M/part00 && -f $M/part01 ]] || { echo "a model half is missing: carry .gpu/m0, then .gpu/m1 on the same machine"; exit 3; }
+    cat $M/part0* > $G && sha256sum $G
+  fi
   [[ $1 == ktests || $1 == peers* || $1 == audit || $1 == raw4 ]] && wheels
   [[ $1 == bench ]] && cp .gpu/m0/* $M/
   step "$1" ;;
