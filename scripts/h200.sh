@@ -61,6 +61,9 @@
 #      exit: PDL and engine tests, the benchmark with PDL and with --no-pdl
 #   AF (carry .gpu/m0), then AG (same machine, carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside
 #      the kernel, engine and PDL tests, at the code of AE
+#   then `step bench` (carry .gpu/m0) and `step raw4` (carry .gpu/m1 .gpu/whl) at c7fa03f: results/2026-12-01e-h200/rerun-c7fa03f,
+#      audit-raw-turbo4
+#   AH (no carry): batch 1 alone, PDL on / off / on / off, four modes
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -371,6 +374,14 @@ AE)  # after AD (carry .gpu/m0 .gpu/whl): RoPE and the query rotation no longer 
   timeout ${AE3_TIMEOUT:-200} python3 -m kvbench decode-bench ${SWEEP/--capacity/} --no-pdl --devices 0 \
     --out $OUT/bench-nopdl > $OUT/AE-bench-nopdl.log 2>&1; echo "bench --no-pdl rc=$?"; tail -2 $OUT/AE-bench-nopdl.log
   (cd $OUT && tar czf all.tgz bench bench-nopdl AE-*.log gpu-pdl-tests.txt) ;;
+AH)  # after AG (no carry): batch 1 alone, PDL on / off / on / off, to see how much int8's and delegated's
+    # batch-1 ratios (3-4% lower in the rerun at c7fa03f than in AE) move between runs on one lease
+  B1="--model dummy:llama-3.1-8b --modes fp16,int8,turbo4-asym,turbo4-delegated --contexts 2k,8k,32k --batch 1 --warmup 8 --gen 64 --repeats 3 --quiet --devices 0"
+  for r in on1 off1 on2 off2; do
+    timeout 120 python3 -m kvbench decode-bench $B1 $([[ $r == off* ]] && echo --no-pdl) --out $OUT/b1-$r > $OUT/AH-$r.log 2>&1
+    echo "$r rc=$?"
+  done
+  (cd $OUT && tar czf all.tgz b1-* AH-*.log) ;;
 AF)  # after AE (carry .gpu/m0): the model's first half staged for AG
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv; cp .gpu/m0/* $M/ && ls $M ;;
 AG)  # after AF, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel, engine and PDL tests
@@ -383,6 +394,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*
