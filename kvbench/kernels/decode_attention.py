@@ -24,6 +24,11 @@ Two launches (three for turbo K, which first rotates the query):
    accumulator once, and writes the output. With `append=True` it also stores the
    fresh token into slot L in the cache's format (quantize-on-write), so a decode
    step needs no write launch of its own.
+
+Inside `kernels.launch.programmatic_launch()` (the GPU decode step; sm_90+) both launch
+with PDL: the split kernel waits for the kernel before it first thing, and the
+reduction, launched while the split kernel runs, stores the fresh token (slot L, which
+no split reads) before it waits for the splits' partial results.
 """
 
 from __future__ import annotations

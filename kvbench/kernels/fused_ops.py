@@ -13,6 +13,9 @@ compiled with fp fusion off so no multiply-add contracts past such a rounding:
 16-bit results agree with eager bit for bit but for a rare last-bit flip (fp32
 reduction order, approximate rsqrt/exp).
 
+Inside `kernels.launch.programmatic_launch()` each kernel launches with programmatic
+dependent launch (sm_90+): it waits for the previous kernel before touching memory.
+
 Launchers take inputs with any strides (a copy only if the last dim is not
 unit-stride), never allocate when the `out=` buffers are given (CUDA-graph
 friendly) and never synchronise. Tensors that are neither on CUDA nor under
