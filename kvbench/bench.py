@@ -37,12 +37,6 @@ from kvbench.sweep import FileSink, Sweep, key
 GB = 1e9
 
 
-def _pdl_supported(dev) -> bool:
-    from kvbench.kernels.launch import pdl_supported
-
-    return pdl_supported(dev)
-
-
 class BenchJob:
     def __init__(self, session: Session, progress: Progress, sweep: Sweep | None = None) -> None:
         self.s = session
@@ -328,8 +322,11 @@ class BenchJob:
         fused = s.fused(caches)
         out["kernel"] = s.kernel if fused else "reference"
         out["cuda_graphs"] = fused and cfg.cuda_graphs
-        if fused and not (cfg.pdl and _pdl_supported(dev)):
-            notes.append("kernels launched without programmatic dependent launch (--no-pdl or before sm_90)")
+        if fused:
+            from kvbench.kernels.launch import pdl_supported  # imports triton: only on the GPU path
+
+            if not (cfg.pdl and pdl_supported(dev)):
+                notes.append("kernels launched without programmatic dependent launch (--no-pdl or before sm_90)")
         step = self._stepper(model, caches, cap, fused)
         self.p.step(f"{label}: warmup", cfg.warmup)
         for i in range(cfg.warmup):

@@ -140,11 +140,33 @@ kernels_then_bench() {
   (cd $OUT && tar czf all.tgz bench $1-bench.log parts.txt kernels.txt kernels.csv)
 }
 
+# join_model: the model's second half (carried now) joins the first (left on this machine by an earlier call)
+join_model() {
+  [[ -d .gpu/m1 ]] && cp .gpu/m1/* $M/
+  [[ -f $M/part00 && -f $M/part01 ]] || { echo "a model half is missing: carry .gpu/m0, then .gpu/m1 on the same machine"; exit 3; }
+  cat $M/part0* > $G && sha256sum $G
+}
+
+# pdl_tests: the PDL and engine tests on compiled kernels (CUDA graphs), the model's first half staged
+pdl_tests() {
+  cp .gpu/m0/* $M/ && wheels
+  KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${PDL_TESTS_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider \
+    tests/test_pdl.py tests/test_fast_decode.py > $OUT/gpu-pdl-tests.txt 2>&1; tail -3 $OUT/gpu-pdl-tests.txt
+}
+
+# bench_pdl_pair PHASE: the benchmark with PDL (the default), then with --no-pdl (no capacity search, which
+# PDL does not change) into $OUT/bench-nopdl
+bench_pdl_pair() {
+  bench1 $1 ${BENCH1_TIMEOUT:-240}
+  timeout ${NOPDL_TIMEOUT:-200} python3 -m kvbench decode-bench ${SWEEP/--capacity/} --no-pdl --devices 0 \
+    --out $OUT/bench-nopdl > $OUT/$1-bench-nopdl.log 2>&1; echo "bench --no-pdl rc=$?"; tail -2 $OUT/$1-bench-nopdl.log
+}
+
 # audit_beside_tests PHASE FIRST [raw4]: the model's second half joins the first (left by phase FIRST on
 # this machine), then the full audit (and raw turbo4's) runs beside the kernel and engine tests
 audit_beside_tests() {
   [[ -f $M/part00 ]] || { echo "part00 missing: the machine was not the one of phase $2"; exit 3; }
-  cp .gpu/m1/* $M/ && cat $M/part0* > $G && sha256sum $G && wheels
+  join_model && wheels
   local saved=(audit gpu-kernel-tests.txt)
   (step audit > $OUT/$1-audit.log 2>&1) & (TEST_TIMEOUT=${TEST_TIMEOUT:-300} step ktests > $OUT/$1-ktests.log 2>&1) &
   if [[ ${3:-} == raw4 ]]; then (step raw4 > $OUT/$1-raw4.log 2>&1) & saved+=(audit-raw-turbo4); fi
@@ -154,11 +176,7 @@ audit_beside_tests() {
 
 case "${1:-}" in
 step) shift
-  if [[ $1 == audit || $1 == raw4 || $1 == peers* ]] && [[ ! -f $G ]]; then  # join the halves (m1 carried now)
-    [[ -d .gpu/m1 ]] && cp .gpu/m1/* $M/
-    [[ -f $M/part00 && -f $M/part01 ]] || { echo "a model half is missing: carry .gpu/m0, then .gpu/m1 on the same machine"; exit 3; }
-    cat $M/part0* > $G && sha256sum $G
-  fi
+  [[ $1 == audit || $1 == raw4 || $1 == peers* ]] && [[ ! -f $G ]] && join_model
   [[ $1 == ktests || $1 == peers* || $1 == audit || $1 == raw4 ]] && wheels
   [[ $1 == bench ]] && cp .gpu/m0/* $M/
   step "$1" ;;
@@ -353,26 +371,18 @@ AC)  # after AB, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw t
 AD)  # 2026-12-01, fifth session (carry .gpu/m0 .gpu/whl): programmatic dependent launch (PDL). The PDL and
     # engine tests compiled (CUDA graphs); attention + append alone without and with PDL; the benchmark with
     # PDL (the default), then without (--no-pdl; no capacity search, which PDL does not change)
-  cp .gpu/m0/* $M/ && wheels
-  KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${AD1_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider \
-    tests/test_pdl.py tests/test_fast_decode.py > $OUT/gpu-pdl-tests.txt 2>&1; tail -3 $OUT/gpu-pdl-tests.txt
+  pdl_tests
   for p in off on; do
     timeout ${AD2_TIMEOUT:-70} python3 scripts/bench_kernels.py --no-check --append default --shapes 1x2048,1x8192,1x32768,16x32768 \
       $([[ $p == on ]] && echo --pdl) > $OUT/kernels-pdl-$p.txt 2>&1; echo "kernels pdl $p rc=$?"
     grep -v "^batch\|turbo4 write\|sdpa" $OUT/kernels-pdl-$p.txt | cut -c1-50 | tail -26
   done
-  bench1 AD ${AD3_TIMEOUT:-240}
-  timeout ${AD4_TIMEOUT:-200} python3 -m kvbench decode-bench ${SWEEP/--capacity/} --no-pdl --devices 0 \
-    --out $OUT/bench-nopdl > $OUT/AD-bench-nopdl.log 2>&1; echo "bench --no-pdl rc=$?"; tail -2 $OUT/AD-bench-nopdl.log
+  bench_pdl_pair AD
   (cd $OUT && tar czf all.tgz bench bench-nopdl AD-*.log gpu-pdl-tests.txt kernels-pdl-*.txt) ;;
 AE)  # after AD (carry .gpu/m0 .gpu/whl): RoPE and the query rotation no longer release the split kernel early;
     # the PDL and engine tests compiled, the benchmark with PDL, then without
-  cp .gpu/m0/* $M/ && wheels
-  KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${AE1_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider \
-    tests/test_pdl.py tests/test_fast_decode.py > $OUT/gpu-pdl-tests.txt 2>&1; tail -3 $OUT/gpu-pdl-tests.txt
-  bench1 AE ${AE2_TIMEOUT:-240}
-  timeout ${AE3_TIMEOUT:-200} python3 -m kvbench decode-bench ${SWEEP/--capacity/} --no-pdl --devices 0 \
-    --out $OUT/bench-nopdl > $OUT/AE-bench-nopdl.log 2>&1; echo "bench --no-pdl rc=$?"; tail -2 $OUT/AE-bench-nopdl.log
+  pdl_tests
+  bench_pdl_pair AE
   (cd $OUT && tar czf all.tgz bench bench-nopdl AE-*.log gpu-pdl-tests.txt) ;;
 AH)  # after AG (no carry): batch 1 alone, PDL on / off / on / off, to see how much int8's and delegated's
     # batch-1 ratios (3-4% lower in the rerun at c7fa03f than in AE) move between runs on one lease

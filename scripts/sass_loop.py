@@ -94,7 +94,7 @@ def compile_reduce(mode: str, append: bool, group: int = 4, dim: int = 128, pdl:
     wf = {"float": "float", "int8": "int8", "delegated": "hot"}
     consts = {
         "G": group, "D": dim, "BLOCK_S": 32, "ROTATED": vf.startswith(("turbo", "delegated")),
-        "HAS_HOT": vf == "delegated", "APPEND": append, "WRITE_FIRST": cfg["write_first"],
+        "HAS_HOT": vf == "delegated", "APPEND": append, "WRITE_FIRST": cfg["write_first"] or pdl,
         "K_FMT": FORMAT_IDS[wf.get(kf, kf)], "V_FMT": FORMAT_IDS[wf.get(vf, vf)], "V_TOKEN_MAJOR": vf == "int8",
         **wht_params(dim), "PDL": pdl,
     }  # fmt: skip

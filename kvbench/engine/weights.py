@@ -154,10 +154,22 @@ def gguf_tensors(path: Path, n_heads: int, n_kv_heads: int) -> dict[str, torch.T
     return out
 
 
+def _read_gguf(path: Path):
+    """(transformers config, tokenizer, fp32 tensors) of a GGUF file; a truncated or foreign
+    file, which fails deep inside gguf or transformers, is a one-line KvbenchError."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        return cfg, tok, gguf_tensors(path, cfg.num_attention_heads, cfg.num_key_value_heads)
+    except Exception as exc:
+        raise KvbenchError(f"{path} is not a readable GGUF model (truncated?): {one_line(exc)}") from None
+
+
 def gguf_to_hf_folder(path: Path, progress=None) -> Path:
     """Convert a GGUF file once into a cached Hugging Face folder; return the folder."""
     from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoTokenizer
 
     digest = file_hash([path])
     folder = cache_dir() / "gguf" / digest
@@ -168,14 +180,7 @@ def gguf_to_hf_folder(path: Path, progress=None) -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
-        try:
-            cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-            tensors = gguf_tensors(path, cfg.num_attention_heads, cfg.num_key_value_heads)
-        except KvbenchError:
-            raise
-        except Exception as exc:  # a truncated or foreign file fails deep inside gguf/transformers
-            raise KvbenchError(f"{path} is not a readable GGUF model (truncated?): {one_line(exc)}") from None
+        cfg, tok, tensors = _read_gguf(path)
         if "lm_head.weight" not in tensors:
             cfg.tie_word_embeddings = True
         cfg.save_pretrained(tmp)

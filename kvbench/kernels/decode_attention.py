@@ -525,8 +525,8 @@ def _decode_reduce_kernel(
     q = tl.load(Q + b * stride_qb + h * stride_qh + d).to(tl.float32)
     kn = tl.load(KN + b * stride_kb + (h // G) * stride_kh + d).to(tl.float32)
     vn = tl.load(VN + b * stride_vb + (h // G) * stride_vh + d).to(tl.float32)
-    if APPEND and (WRITE_FIRST or PDL):  # independent of the splits: its latency overlaps the merge's
-        # loads (or, with PDL, the split kernel itself)
+    if APPEND and WRITE_FIRST:  # independent of the splits: its latency overlaps the merge's loads
+        # (with PDL, which always writes first, the split kernel itself)
         _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
                       cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, A, INV_SQRT_D)  # fmt: skip
     m = tl.sum(q * kn, 0) * qk_scale  # the fresh token starts the merge: m is finite
@@ -556,7 +556,7 @@ def _decode_reduce_kernel(
         acc = _wht((acc * tl.load(S2 + d))[None, :], 1, D, A, INV_SQRT_D)
         acc = tl.reshape(acc, [D]) * tl.load(S1 + d)
     out = (acc + acc_hot + w_new * vn) / l_sum
-    if APPEND and not (WRITE_FIRST or PDL):  # after every load above: a cross-warp reduction's barrier
+    if APPEND and not WRITE_FIRST:  # after every load above: a cross-warp reduction's barrier
         # in the write would hold them back (4-warp reductions, 2026-12-01)
         _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
                       cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, A, INV_SQRT_D)  # fmt: skip
@@ -785,7 +785,7 @@ def decode_attention(
     `default_config`), where the first and the last program of each GQA group store its
     kv head's K and V, or else by a `write_kv` launch after it. Either way after the
     split kernel has read [0, L), so slot L is free to write; `write_first` (default from
-    `default_config`) stores it before the reduction's merge instead of after.
+    `default_config`; always, under PDL) stores it before the reduction's merge instead of after.
     """
     cfg = default_config(mode)
     block_n = block_n or cfg["block_n"]
@@ -826,13 +826,14 @@ def decode_attention(
     v_stride = buffer_layout("decode_attention", "v", vf, v)
 
     s = workspace.num_splits
+    pdl = pdl_kwargs(q)
     num_stages = num_stages or launch_stages({**cfg, "block_n": block_n}, b * hkv * s, triton.cdiv(cap, s), dev)
     _decode_split_kernel[(b * hkv, s)](
         q_score, k, ks, v, vs, vh, cbk, cbv, length, cold, workspace.m, workspace.l, workspace.acc,
         q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision, PRMT=prmt,
-        I8_F16=int8_dot == "f16", num_warps=num_warps, num_stages=num_stages, **pdl_kwargs(q),
+        I8_F16=int8_dot == "f16", num_warps=num_warps, num_stages=num_stages, **pdl,
     )  # fmt: skip
     rotated = vf.startswith(("turbo", "delegated"))
     s1v, s2v = v_signs if rotated else (q, q)
@@ -850,13 +851,15 @@ def decode_attention(
         consts = {"K_FMT": 0, "V_FMT": 0, "V_TOKEN_MAJOR": False, "A": 1, "INV_SQRT_D": 1.0}
     if rotated:  # the write's Walsh-Hadamard parameters are the same (one head dim)
         consts.update(wht_params(dim))
+    # with PDL the reduction writes before it waits, i.e. while the split kernel runs
+    write_first = (cfg["write_first"] if write_first is None else write_first) or pdl["PDL"]
     _decode_reduce_kernel[(b * hq,)](
         q, k_new, v_new, workspace.m, workspace.l, workspace.acc, s1v, s2v, out,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         out.stride(0), out.stride(1), hq, s, qk_scale, *tensors, length, cold, *sizes,
         G=group, D=dim, BLOCK_S=min(32 * min(reduce_warps, 2), triton.next_power_of_2(s)), ROTATED=rotated,
-        HAS_HOT=vf == "delegated", APPEND=fused, WRITE_FIRST=cfg["write_first"] if write_first is None else write_first,
-        num_warps=reduce_warps, **consts, **pdl_kwargs(q),
+        HAS_HOT=vf == "delegated", APPEND=fused, WRITE_FIRST=write_first,
+        num_warps=reduce_warps, **consts, **pdl,
     )  # fmt: skip
     if append and not fused:
         write_kv(mode, k_new, v_new, buffers, length, cold_length=cold, **codecs)
