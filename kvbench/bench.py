@@ -10,6 +10,7 @@ and the process' peak RSS (labelled).
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 
@@ -327,6 +328,15 @@ class BenchJob:
 
             if not (cfg.pdl and pdl_supported(dev)):
                 notes.append("kernels launched without programmatic dependent launch (--no-pdl or before sm_90)")
+            from kvbench.kernels.decode_attention import CONFIG_ENV, config_overrides
+            from kvbench.kernels.gemv import GEMV_ENV, gemv_enabled
+
+            if dev.type == "cuda" and not gemv_enabled(dev):
+                notes.append(f"projections through cuBLAS ({GEMV_ENV}=cublas), not the GEMV kernel")
+
+            knobs = {m: config_overrides()[m] for m in {c.kernel_mode for c in caches} & set(config_overrides())}
+            if knobs:
+                notes.append(f"attention launch knobs from {CONFIG_ENV}: {json.dumps(knobs, sort_keys=True)}")
         step = self._stepper(model, caches, cap, fused)
         self.p.step(f"{label}: warmup", cfg.warmup)
         for i in range(cfg.warmup):

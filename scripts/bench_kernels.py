@@ -387,6 +387,13 @@ def tuning_grid(grid, splits, shape=(128, 4)):
     ]
 
 
+def explicit_config(spec, b, length, programs_per_sm, nearest, device):
+    """{num_splits, block_n, num_warps, num_stages} from "BLOCK_N/WARPS/STAGES[/SPLITS]"."""
+    n, w, st, *rest = (int(v) for v in spec.split("/"))
+    splits = rest[0] if rest else choose_num_splits(b, HKV, length, n, device, programs_per_sm, nearest)
+    return {"num_splits": splits, "block_n": n, "num_warps": w, "num_stages": st}
+
+
 def profile_parts(name, b, length, dtype, device, cod, reps=10, append="none"):
     """Mean GPU time of each kernel of one layer's decode step (split, reduce, query
     rotation, write) at the launch defaults, from torch.profiler over eager calls that
@@ -459,6 +466,11 @@ def main():
     )
     ap.add_argument("--reduce-warps", type=int, help="warps of the reduction kernel (default: the mode's)")
     ap.add_argument(
+        "--configs",
+        help="with --tune: time these launch configs instead of a grid, comma list of BLOCK_N/WARPS/STAGES[/SPLITS] "
+        "(SPLITS default: the mode's), e.g. 64/2/3,128/4/2",
+    )
+    ap.add_argument(
         "--pdl", action="store_true", help="launch with programmatic dependent launch, as the decode step does"
     )
     args = ap.parse_args()
@@ -510,13 +522,16 @@ def run(args):
         for mode in modes:
             cfg = default_config(kernel_mode(mode)[0])
             pps, nearest = cfg.pop("programs_per_sm"), cfg.pop("nearest", False)
-            not_split_knobs = ("deep_stages", "deep_any_occupancy", "fuse_append", "reduce_warps", *VARIANTS_KEYS)
+            not_split_knobs = ("deep_stages", "deep_any_occupancy", "fuse_append", "reduce_warps", "hot_in_budget")
+            not_split_knobs += tuple(VARIANTS_KEYS)
             for key in not_split_knobs:
                 cfg.pop(key, None)
             cfg["num_stages"] = None  # as the launcher picks it (launch_stages)
             default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, pps, nearest)
             configs = [{"num_splits": None, **cfg}]
-            if args.tune:
+            if args.tune and args.configs:
+                configs += [explicit_config(c, b, length, pps, nearest, device) for c in args.configs.split(",")]
+            elif args.tune:
                 configs += tuning_grid(args.grid, default_splits, (cfg["block_n"], cfg["num_warps"]))
             try:
                 results, nbytes = bench_mode(mode, b, length, dtype, device, cod, configs, args.append)

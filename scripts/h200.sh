@@ -64,6 +64,11 @@
 #   then `step bench` (carry .gpu/m0) and `step raw4` (carry .gpu/m1 .gpu/whl) at c7fa03f: results/2026-12-01e-h200/rerun-c7fa03f,
 #      audit-raw-turbo4
 #   AH (no carry): batch 1 alone, PDL on / off / on / off, four modes
+#   AI (carry .gpu/whl .gpu/old; 2026-12-01, sixth session): the GEMV kernel and delegated's one-accumulator
+#      split kernel: GPU tests, cuBLAS against the GEMV kernel with its launch sweep, delegated old against new
+#   AJ (no carry, after AI): delegated's launch configs on the new kernel; batch 1 and 16 end to end, GEMV kernel vs cuBLAS
+#   AK (carry .gpu/whl, after AJ): the GPU tests (kernels, engine, PDL, GEMV); int8 with 4 pipeline stages vs 3, end to end
+#   then `step bench` (carry .gpu/m0) and AM (same machine, carry .gpu/m1 .gpu/whl): the audits beside the GEMV and engine tests
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -392,6 +397,49 @@ AH)  # after AG (no carry): batch 1 alone, PDL on / off / on / off, to see how m
     echo "$r rc=$?"
   done
   (cd $OUT && tar czf all.tgz b1-* AH-*.log) ;;
+AI)  # 2026-12-01, sixth session (carry .gpu/whl .gpu/old, a copy of kvbench/ and scripts/ at the previous commit):
+    # the GEMV kernel and delegated's one-accumulator split kernel: their tests on the GPU, cuBLAS against the
+    # GEMV kernel (with the launch sweep), delegated's attention + append old against new
+  wheels
+  KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_gemv.py \
+    tests/test_fast_decode.py tests/test_pdl.py "tests/test_kernels.py::test_delegated_hot_cold_split" \
+    "tests/test_kernels.py::test_delegated_decode_geometry" > $OUT/gpu-tests-ai.txt 2>&1; tail -3 $OUT/gpu-tests-ai.txt
+  timeout 200 python3 scripts/bench_gemv.py --tune > $OUT/gemv.txt 2>&1; echo "gemv rc=$?"; grep -v "^ *$" $OUT/gemv.txt | tail -45
+  D1="--no-check --append default --pdl --modes turbo4-delegated,turbo4-asym --shapes 1x2048,1x8192,1x32768,16x32768"
+  (cd .gpu/old && PYTHONPATH=$PWD timeout 80 python3 scripts/bench_kernels.py $D1 > $OUT/kernels-old.txt 2>&1); echo "old rc=$?"
+  timeout 100 python3 scripts/bench_kernels.py $D1 --tune --configs 64/2/3,128/4/2,128/4/3 > $OUT/kernels-new.txt 2>&1
+  echo "new rc=$?"; grep -v "^batch\|write\|warn" $OUT/kernels-old.txt $OUT/kernels-new.txt | tail -40
+  (cd $OUT && tar czf all.tgz *.txt) ;;
+AJ)  # after AI (no carry): delegated's launch configs with the new kernel; batch 1 and 16 end to end with the
+    # GEMV kernel (the tuned configs of AI) and with cuBLAS, one run after the other
+  D1="--no-check --append default --pdl --modes turbo4-delegated,turbo4-asym --shapes 1x2048,1x8192,1x32768,16x32768"
+  timeout 120 python3 scripts/bench_kernels.py $D1 --tune --configs 64/2/3,64/2/4,128/4/2,128/4/3 > $OUT/kernels-new.txt 2>&1
+  echo "new rc=$?"; grep -v "^batch\|write\|warn" $OUT/kernels-new.txt | tail -24
+  B2="--model dummy:llama-3.1-8b --modes fp16,int8,turbo4-asym,turbo4-delegated --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --quiet --devices 0"
+  for g in triton cublas; do
+    KVBENCH_GEMV=$g timeout 200 python3 -m kvbench decode-bench $B2 --out $OUT/b-$g > $OUT/AJ-$g.log 2>&1; echo "$g rc=$?"
+  done
+  (cd $OUT && tar czf all.tgz b-* AJ-*.log kernels-new.txt) ;;
+AK)  # after AJ (carry .gpu/whl): the kernel, engine, PDL and GEMV tests; int8 with a 4th pipeline stage (107 KB of
+    # shared memory: at most 2 programs per SM) against 3 (74 KB: 3 fit), end to end, alternating
+  wheels
+  KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout 260 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
+    tests/test_fast_decode.py tests/test_pdl.py tests/test_gemv.py > $OUT/gpu-kernel-tests.txt 2>&1; tail -3 $OUT/gpu-kernel-tests.txt
+  B3="--model dummy:llama-3.1-8b --modes fp16,int8 --contexts 2k,8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --quiet --devices 0"
+  for v in s3a s4a s3b s4b; do
+    cfg=$([[ $v == s4* ]] && echo '{"int8": {"num_stages": 4}}')
+    KVBENCH_ATTN_CONFIG=$cfg timeout 100 python3 -m kvbench decode-bench $B3 --out $OUT/int8-$v > $OUT/AK-$v.log 2>&1; echo "$v rc=$?"
+  done
+  (cd $OUT && tar czf all.tgz int8-* AK-*.log gpu-kernel-tests.txt) ;;
+AM)  # after `step bench` (carry .gpu/m0) on the same machine (carry .gpu/m1 .gpu/whl): the full audit and raw
+    # turbo4's beside the GEMV and engine tests on the GPU (fp32 too: the fp32 GEMV's depth is capped since AK)
+  [[ -f $M/part00 ]] || { echo "part00 missing: the machine was not the one of the bench step"; exit 3; }
+  join_model && wheels
+  (step audit > $OUT/AM-audit.log 2>&1) & (step raw4 > $OUT/AM-raw4.log 2>&1) &
+  (KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_gemv.py \
+    tests/test_fast_decode.py tests/test_pdl.py > $OUT/gpu-gemv-engine-tests.txt 2>&1) &
+  wait; cat $OUT/AM-*.log | grep -v '^\s*$' | tail -12; tail -3 $OUT/gpu-gemv-engine-tests.txt
+  (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 AM-*.log gpu-gemv-engine-tests.txt) ;;
 AF)  # after AE (carry .gpu/m0): the model's first half staged for AG
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv; cp .gpu/m0/* $M/ && ls $M ;;
 AG)  # after AF, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel, engine and PDL tests
@@ -404,6 +452,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

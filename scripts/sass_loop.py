@@ -163,10 +163,23 @@ def main():
                 )
             continue
         kernel = compile_split(mode, args.block_n, args.warps, args.stages, int8_dot=args.int8_dot)
-        print(f"{mode}: shared memory {kernel.metadata.shared // 1024} KB")
+        print(f"{mode}: shared memory {kernel.metadata.shared // 1024} KB, {registers(kernel)} registers per thread")
         for lo, hi, body in loops(sass_of(kernel)):
             top = ", ".join(f"{op} {n}" for op, n in opcodes(body).most_common(top_n))
             print(f"  loop {lo:#06x}-{hi:#06x}: {len(body)} instructions; {top}")
+
+
+def registers(kernel) -> int | str:
+    """Registers per thread of the compiled kernel, from cuobjdump's resource usage."""
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    try:
+        out = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+    m = re.search(r"REG:(\d+)", out)
+    return int(m.group(1)) if m else "?"
 
 
 def sass_of(kernel) -> str:

@@ -34,6 +34,7 @@ PTX_PROBE = textwrap.dedent(
     sys.path[:0] = [sys.argv[1], sys.argv[1] + "/scripts"]
     from sass_loop import compile_reduce, compile_split
     from kvbench.kernels.fused_ops import _rmsnorm_kernel, _rope_qk_kernel, _silu_mul_kernel
+    from kvbench.kernels.gemv import _gemv_kernel
     from kvbench.kernels.quantize import _rotate_kernel, wht_params
 
     def plain(fn, consts, warps):
@@ -41,7 +42,7 @@ PTX_PROBE = textwrap.dedent(
         for n in fn.arg_names:
             if n in consts:
                 sig[n] = "constexpr"
-            elif n.endswith("_ptr") or n in ("X", "Y", "S1", "S2"):
+            elif n.endswith("_ptr") or n in ("X", "Y", "S1", "S2", "W", "B"):
                 sig[n] = "*fp32" if n in ("Y", "S1", "S2") else "*bf16"
             else:
                 sig[n] = "fp32" if n == "eps" else "i32"
@@ -58,6 +59,8 @@ PTX_PROBE = textwrap.dedent(
             "split-fp16": compile_split("fp16", 64, 4, 2, dim=64, pdl=pdl),
             "split-turbo4": compile_split("turbo4", 64, 2, 2, dim=64, pdl=pdl),
             "reduce-turbo4-asym": compile_reduce("turbo4-asym", True, dim=64, pdl=pdl),
+            "gemv": plain(_gemv_kernel, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128, "EVEN_K": True,
+                                         "HAS_BIAS": True, "PREFETCH_K": 256 if pdl else 0, "PDL": pdl}, 4),
         }
         out[str(pdl)] = {name: k.asm["ptx"] for name, k in kernels.items()}
     json.dump(out, sys.stdout)
@@ -82,7 +85,7 @@ def first(text: str, needles) -> int:
     return min(hits) if hits else -1
 
 
-@pytest.mark.parametrize("name", ["rmsnorm", "rope_qk", "silu_mul", "rotate", "split-fp16", "split-turbo4"])
+@pytest.mark.parametrize("name", ["rmsnorm", "rope_qk", "silu_mul", "rotate", "split-fp16", "split-turbo4", "gemv"])
 def test_pdl_kernels_wait_before_touching_memory(ptx, name):
     """With PDL every kernel but the reduction waits for the previous one before its first
     global load or store, then releases the next, except the two that precede the split
@@ -105,6 +108,16 @@ def test_pdl_reduction_writes_before_it_waits(ptx):
     wait = on.find("griddepcontrol.wait")
     assert 0 <= first(on, ("st.global",)) < wait
     assert "ld.global" in on[wait:]  # the merge's loads come after the wait
+
+
+def test_pdl_gemv_prefetches_weights_before_it_waits(ptx):
+    """The GEMV asks L2 for its first weight lines before it waits (they are not the previous
+    kernel's output), and loads x and the weights only after; without PDL it prefetches nothing."""
+    on, off = ptx["True"]["gemv"], ptx["False"]["gemv"]
+    assert "prefetch" not in off and "griddepcontrol" not in off
+    wait = on.find("griddepcontrol.wait")
+    assert 0 <= on.find("prefetch.global.L2") < wait
+    assert first(on, MEMORY_OPS) > wait
 
 
 def test_pdl_only_where_asked_and_supported():

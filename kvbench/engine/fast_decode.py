@@ -14,7 +14,6 @@ written again.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from kvbench.engine.rope import rope_cos_sin
 
@@ -72,6 +71,7 @@ class FastDecoder:
 
     def _layers(self) -> None:
         from kvbench.kernels.fused_ops import rmsnorm, rope_qk, silu_mul
+        from kvbench.kernels.gemv import linear
 
         m = self.model
         a = m.args
@@ -87,7 +87,7 @@ class FastDecoder:
                 h, residual = rmsnorm(x, layer.attn_norm.weight, layer.attn_norm.eps), x
             else:
                 h, residual = rmsnorm(x, layer.attn_norm.weight, layer.attn_norm.eps, residual=residual)
-            qkv = F.linear(h, at.wqkv.weight, at.wqkv.bias)
+            qkv = linear(h, at.wqkv.weight, at.wqkv.bias)
             qn = at.q_norm.weight if at.q_norm is not None else None
             kn = at.k_norm.weight if at.k_norm is not None else None
             eps = at.q_norm.eps if at.q_norm is not None else 1e-6
@@ -95,12 +95,12 @@ class FastDecoder:
             o = cache.fused_decode(
                 q[:, :, 0], k[:, :, 0], v[:, :, 0], length, cold, self.workspaces[cache.kernel_mode], at.scale
             )
-            x = F.linear(o.reshape(b, 1, a.n_heads * a.head_dim), at.wo.weight)
+            x = linear(o.reshape(b, 1, a.n_heads * a.head_dim), at.wo.weight)
             h, residual = rmsnorm(x, layer.ffn_norm.weight, layer.ffn_norm.eps, residual=residual)
-            x = F.linear(silu_mul(F.linear(h, layer.ffn.w13.weight)), layer.ffn.w2.weight)
+            x = linear(silu_mul(linear(h, layer.ffn.w13.weight)), layer.ffn.w2.weight)
         h, _ = rmsnorm(x, m.norm.weight, m.norm.eps, residual=residual)
         w = m.tok_embeddings.weight if m.output is None else m.output.weight
-        logits = F.linear(h[:, 0], w).float()
+        logits = linear(h[:, 0], w).float()
         if self.logits is None:
             self.logits, self.next_tok = logits, logits.argmax(-1, keepdim=True)
         else:

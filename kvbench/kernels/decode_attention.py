@@ -18,7 +18,9 @@ Two launches (three for turbo K, which first rotates the query):
      fp16 for tokens >= C (at most ~257 in decode) in the last split, each into its
      own accumulator plane (rotated cold, plain hot). No split holds both kinds:
      on the H200 (triton 3.6) a program that ran a cold and then a hot loop gave
-     wrong outputs while the interpreter agreed with the reference.
+     wrong outputs while the interpreter agreed with the reference. Each program
+     runs one of the two loops (a branch) with one accumulator, and the hot split
+     counts in the grid's budget (`hot_in_budget`).
 2. `_decode_reduce_kernel`: one program per (batch, query head) merges the splits
    and the fresh token (k_new, v_new used exactly), inverse-rotates a turbo V
    accumulator once, and writes the output. With `append=True` it also stores the
@@ -33,6 +35,8 @@ no split reads) before it waits for the splits' partial results.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 
 import torch
@@ -222,7 +226,6 @@ def _attend_range(
     m_i,
     l_i,
     acc,
-    acc_other,
     w_i,
     lo,
     hi,
@@ -238,14 +241,13 @@ def _attend_range(
     K_FMT: tl.constexpr,
     V_FMT: tl.constexpr,
     V_TOKEN_MAJOR: tl.constexpr,
-    RESCALE_OTHER: tl.constexpr,
     D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     PRMT: tl.constexpr,
     I8_F16: tl.constexpr,
 ):
-    """Online softmax over tokens [lo, hi): returns updated (m, l, acc, acc_other, w_i).
+    """Online softmax over tokens [lo, hi): returns updated (m, l, acc, w_i).
 
     int8 runs one of two ways. I8_F16=False: q and the weights split into two int8 parts,
     integer tensor-core dots. I8_F16=True: the codes become fp16 (code + 1152, exact, by
@@ -326,9 +328,7 @@ def _attend_range(
             c = _centroids(v_cur, CBV, V_BITS, D, BLOCK_N, PRMT)
             pv = tl.dot((p * v_scale.to(tl.float32)[None, :]).to(tl.float16), c)
         acc = acc * alpha[:, None] + pv
-        if RESCALE_OTHER:
-            acc_other = acc_other * alpha[:, None]
-    return m_i, l_i, acc, acc_other, w_i
+    return m_i, l_i, acc, w_i
 
 
 @triton.jit
@@ -416,20 +416,23 @@ def _decode_split_kernel(
     if V_TOKEN_MAJOR:  # int8 V stored [B, H, D, v_cap] (see `token_major`): V at this (batch, head)'s plane
         V += bh.to(tl.int64) * D * v_cap
     if V_FMT == DELEGATED:
-        acc_hot = tl.zeros([BLOCK_G, D], tl.float32)
-        m_i, l_i, acc, acc_hot, w_i = _attend_range(
-            qa, qb, q_unit, m_i, l_i, acc, acc_hot, w_i, lo, tl.minimum(hi, cold), K, KS, V, VS, CBK, CBV,
-            row0, row0, 0, K_FMT, TURBO4, False, False, D, BLOCK_N, PRECISION, PRMT, False,
-        )  # fmt: skip
-        hot_row0 = bh.to(tl.int64) * hot_cap - cold  # token t lives in hot slot t - C
-        m_i, l_i, acc_hot, acc, w_i = _attend_range(
-            qa, qb, q_unit, m_i, l_i, acc_hot, acc, w_i, tl.maximum(lo, cold), hi, K, KS, VH, VS, CBK, CBV,
-            row0, hot_row0, 0, K_FMT, FLOAT, False, True, D, BLOCK_N, PRECISION, PRMT, False,
-        )  # fmt: skip
+        # one loop per program, one accumulator live: carrying the other segment's accumulator
+        # through the loop too had the kernel at 255 registers per thread
+        if is_hot:
+            hot_row0 = bh.to(tl.int64) * hot_cap - cold  # token t lives in hot slot t - C
+            m_i, l_i, acc, w_i = _attend_range(
+                qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, VH, VS, CBK, CBV,
+                row0, hot_row0, 0, K_FMT, FLOAT, False, D, BLOCK_N, PRECISION, PRMT, False,
+            )  # fmt: skip
+        else:
+            m_i, l_i, acc, w_i = _attend_range(
+                qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
+                row0, row0, 0, K_FMT, TURBO4, False, D, BLOCK_N, PRECISION, PRMT, False,
+            )  # fmt: skip
     else:
-        m_i, l_i, acc, acc_hot, w_i = _attend_range(
-            qa, qb, q_unit, m_i, l_i, acc, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
-            row0, row0, v_cap, K_FMT, V_FMT, V_TOKEN_MAJOR, False, D, BLOCK_N, PRECISION, PRMT, I8_F16,
+        m_i, l_i, acc, w_i = _attend_range(
+            qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
+            row0, row0, v_cap, K_FMT, V_FMT, V_TOKEN_MAJOR, D, BLOCK_N, PRECISION, PRMT, I8_F16,
         )  # fmt: skip
         if V_FMT == INT8 and I8_F16:
             acc -= 1152.0 * w_i[:, None]
@@ -437,10 +440,12 @@ def _decode_split_kernel(
     ws = (bh * G + g) * n_splits + split  # workspace row of (batch, query head, split)
     tl.store(WS_M + ws, m_i, mask=gmask)
     tl.store(WS_L + ws, l_i, mask=gmask)
-    tl.store(WS_ACC + ws[:, None] * D + d[None, :], acc, mask=gmask[:, None])
-    if V_FMT == DELEGATED:
-        hot = tl.num_programs(0) * G * n_splits * D  # second accumulator plane
-        tl.store(WS_ACC + hot + ws[:, None] * D + d[None, :], acc_hot, mask=gmask[:, None])
+    if V_FMT == DELEGATED:  # cold tokens' sums in plane 0 (V's rotated basis), hot ones' in plane 1
+        hot = tl.num_programs(0) * G * n_splits * D
+        tl.store(WS_ACC + ws[:, None] * D + d[None, :], tl.where(is_hot, 0.0, acc), mask=gmask[:, None])
+        tl.store(WS_ACC + hot + ws[:, None] * D + d[None, :], tl.where(is_hot, acc, 0.0), mask=gmask[:, None])
+    else:
+        tl.store(WS_ACC + ws[:, None] * D + d[None, :], acc, mask=gmask[:, None])
 
 
 @triton.jit
@@ -600,7 +605,7 @@ def choose_num_splits(
     return max(1, min(splits, triton.cdiv(capacity, block_n), 256))
 
 
-def default_config(mode: str) -> dict:
+def default_config(mode: str, *, overrides: bool = True) -> dict:
     """Launch defaults per mode, from sweeps on an H200 (Hq=32, Hkv=8, D=128, bf16; B=1 at
     8K and 32K, B=16 at 32K; see scripts/bench_kernels.py --tune [--grid wide]). fp16
     streams best with ~1 program per SM; the quantized formats want 2 or more to hide
@@ -635,7 +640,44 @@ def default_config(mode: str) -> dict:
     # int8 K/V: fp16 dots of biased codes ("f16") or integer dots of split operands ("s8"). On the
     # H200 the split kernel took 22.4 / 265 us with f16 against 24.1 / 285 with s8 at 32K, batch 1 / 16
     cfg["int8_dot"] = "f16"
-    return cfg
+    # delegated: the hot window's split counts in the grid's split budget (False: one more on top)
+    cfg["hot_in_budget"] = True
+    return {**cfg, **config_overrides().get(mode, {})} if overrides else cfg
+
+
+CONFIG_ENV = "KVBENCH_ATTN_CONFIG"
+
+
+def config_overrides() -> dict:
+    """Launch knobs from the environment, for experiments: `KVBENCH_ATTN_CONFIG` holds JSON
+    {mode: {knob: value}} over `default_config`'s keys, e.g.
+    '{"turbo4-delegated": {"block_n": 128, "num_warps": 4, "programs_per_sm": [2, 16]}}'.
+    decode-bench says so in each row's notes."""
+    raw = os.environ.get(CONFIG_ENV, "").strip()
+    return _parse_overrides(raw) if raw else {}
+
+
+@functools.cache
+def _parse_overrides(raw: str) -> dict:
+    from kvbench.errors import KvbenchError
+
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+            raise ValueError("not an object of objects")
+    except ValueError as exc:
+        raise KvbenchError(f"{CONFIG_ENV} must be JSON {{mode: {{knob: value}}}}: {exc}") from None
+    known = {"deep_stages", "deep_any_occupancy", "nearest"}
+    known |= set().union(*(default_config(m, overrides=False) for m in FORMATS))
+    for mode, knobs in data.items():
+        if mode not in FORMATS:
+            raise KvbenchError(f"{CONFIG_ENV}: unknown mode {mode!r} (modes: {', '.join(FORMATS)})")
+        bad = sorted(set(knobs) - known)
+        if bad:
+            raise KvbenchError(f"{CONFIG_ENV}: unknown knob(s) {', '.join(bad)} (knobs: {', '.join(sorted(known))})")
+        if "programs_per_sm" in knobs:
+            knobs["programs_per_sm"] = tuple(knobs["programs_per_sm"])
+    return data
 
 
 def launch_stages(cfg: dict, programs: int, tokens_per_split: int, device=None) -> int:
@@ -692,8 +734,9 @@ class DecodeWorkspace:
             b, n_kv_heads, capacity, block_n, q.device, cfg["programs_per_sm"], cfg.get("nearest", False)
         )
         delegated = FORMATS[mode][1] == "delegated"
-        if delegated:  # one more split, the last, for the hot window: the cold body keeps its parallelism
-            s = max(s + (num_splits is None), 2)
+        if delegated:  # the last split takes the hot window. Counted in the budget, the grid keeps
+            # 2 programs per SM at batch 1 (264 on an H200); one more on top put a third on 8 SMs
+            s = max(s + (num_splits is None and not cfg["hot_in_budget"]), 2)
         return cls(b, hq, dim, s, q.device, two_planes=delegated)
 
 
