@@ -69,6 +69,7 @@
 #   AJ (no carry, after AI): delegated's launch configs on the new kernel; batch 1 and 16 end to end, GEMV kernel vs cuBLAS
 #   AK (carry .gpu/whl, after AJ): the GPU tests (kernels, engine, PDL, GEMV); int8 with 4 pipeline stages vs 3, end to end
 #   then `step bench` (carry .gpu/m0) and AM (same machine, carry .gpu/m1 .gpu/whl): the audits beside the GEMV and engine tests
+#   AN (no carry, after AM): the benchmark on another lease; delegated at batch 1 on turbo4-asym's program shape
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -440,6 +441,13 @@ AM)  # after `step bench` (carry .gpu/m0) on the same machine (carry .gpu/m1 .gp
     tests/test_fast_decode.py tests/test_pdl.py > $OUT/gpu-gemv-engine-tests.txt 2>&1) &
   wait; cat $OUT/AM-*.log | grep -v '^\s*$' | tail -12; tail -3 $OUT/gpu-gemv-engine-tests.txt
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 AM-*.log gpu-gemv-engine-tests.txt) ;;
+AN)  # after AM (no carry): the benchmark again on another lease; then batch 1 with delegated on turbo4-asym's
+    # program shape (128-token blocks, 4 warps, 2 stages), which was faster alone at batch 1 and slower at 16 (AJ)
+  timeout ${BENCH_TIMEOUT:-240} python3 -m kvbench decode-bench $SWEEP --out $OUT/bench > $OUT/AN-bench.log 2>&1; echo "bench rc=$?"
+  KVBENCH_ATTN_CONFIG='{"turbo4-delegated": {"block_n": 128, "num_warps": 4, "num_stages": 2}}' timeout 90 \
+    python3 -m kvbench decode-bench --model dummy:llama-3.1-8b --modes fp16,turbo4-delegated --contexts 2k,8k,32k \
+    --batch 1 --warmup 8 --gen 64 --repeats 3 --quiet --out $OUT/delegated-128-4-2 > $OUT/AN-delegated.log 2>&1
+  echo "delegated rc=$?"; (cd $OUT && tar czf all.tgz bench delegated-128-4-2 AN-*.log) ;;
 AF)  # after AE (carry .gpu/m0): the model's first half staged for AG
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv; cp .gpu/m0/* $M/ && ls $M ;;
 AG)  # after AF, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel, engine and PDL tests
@@ -452,6 +460,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|AN|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*
