@@ -48,7 +48,7 @@ class BenchJob:
         c = self.cfg
         # everything besides mode, context and batch that changes a measurement
         self.params = key(
-            session.lm.weights_hash, session.base_row["dtype"], c.kernel, c.cuda_graphs, c.pdl, c.prefill_chunk,
+            session.lm.weights_hash, session.base_row["dtype"], c.kernel, c.cuda_graphs, c.pdl, c.gemv_kernel, c.prefill_chunk,
             c.boundary_v, c.no_fallback, c.yarn, c.gen, c.warmup, c.repeats, c.fill, c.max_kv_size, c.keep,
         )  # fmt: skip
 
@@ -331,8 +331,8 @@ class BenchJob:
             from kvbench.kernels.decode_attention import CONFIG_ENV, config_overrides
             from kvbench.kernels.gemv import GEMV_ENV, gemv_enabled
 
-            if dev.type == "cuda" and not gemv_enabled(dev):
-                notes.append(f"projections through cuBLAS ({GEMV_ENV}=cublas), not the GEMV kernel")
+            if dev.type == "cuda" and not (cfg.gemv_kernel and gemv_enabled(dev)):
+                notes.append(f"projections through cuBLAS (--no-gemv-kernel or {GEMV_ENV}=cublas), not the GEMV kernel")
 
             knobs = {m: config_overrides()[m] for m in {c.kernel_mode for c in caches} & set(config_overrides())}
             if knobs:
@@ -384,7 +384,9 @@ class BenchJob:
             from kvbench.engine.fast_decode import FastDecoder
 
             graphs = self.cfg.cuda_graphs if graphs is None else graphs
-            dec = FastDecoder(model, caches, caches[0].batch, cuda_graphs=graphs, cap=cap, pdl=self.cfg.pdl)
+            dec = FastDecoder(
+                model, caches, caches[0].batch, cuda_graphs=graphs, cap=cap, pdl=self.cfg.pdl, gemv=self.cfg.gemv_kernel
+            )
 
             def fused_step(tok):
                 dec.step(tok)

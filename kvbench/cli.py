@@ -129,6 +129,14 @@ NoPdl = Annotated[
         show_default=False,
     ),
 ]
+NoGemv = Annotated[
+    bool | None,
+    typer.Option(
+        "--no-gemv-kernel",
+        help="GPU: run the decode step's projections through cuBLAS (torch), not kvbench's GEMV kernel.",
+        show_default=False,
+    ),
+]
 Quiet = Annotated[bool | None, typer.Option("--quiet", "-q", help="No progress bars or tables.", show_default=False)]
 Resume = Annotated[
     bool | None, typer.Option("--resume", help="Skip cells already in the results folder.", show_default=False)
@@ -157,6 +165,8 @@ def _common(**kw) -> dict:
         out["cuda_graphs"] = False
     if out.pop("no_pdl", None):
         out["pdl"] = False
+    if out.pop("no_gemv_kernel", None):
+        out["gemv_kernel"] = False
     return out
 
 
@@ -390,6 +400,7 @@ def audit(
     quiet: Quiet = None,
     no_cuda_graphs: NoGraphs = None,
     no_pdl: NoPdl = None,
+    no_gemv_kernel: NoGemv = None,
     resume: Resume = None,
     force: Force = None,
     devices: Devices = None,
@@ -459,6 +470,7 @@ def decode_bench(
     quiet: Quiet = None,
     no_cuda_graphs: NoGraphs = None,
     no_pdl: NoPdl = None,
+    no_gemv_kernel: NoGemv = None,
     resume: Resume = None,
     force: Force = None,
     devices: Devices = None,

@@ -39,6 +39,7 @@ class Common:
     devices: str | None = None
     cuda_graphs: bool = True
     pdl: bool = True
+    gemv_kernel: bool = True
 
 
 @dataclass

@@ -140,7 +140,15 @@ class Session:
         from kvbench.engine.generate import make_stepper
 
         fused = self.fused(caches) if fused is None else fused
-        return make_stepper(self.lm.model, caches, cap, fused=fused, cuda_graphs=self.cfg.cuda_graphs, pdl=self.cfg.pdl)
+        return make_stepper(
+            self.lm.model,
+            caches,
+            cap,
+            fused=fused,
+            cuda_graphs=self.cfg.cuda_graphs,
+            pdl=self.cfg.pdl,
+            gemv=self.cfg.gemv_kernel,
+        )
 
     def hf_model(self):
         """transformers' own model with exactly the engine's weights (for peer rows)."""

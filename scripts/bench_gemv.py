@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -24,6 +23,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_kernels import time_graph  # median microseconds per closure, replayed in one CUDA graph
 
 from kvbench.kernels.fused_ops import rmsnorm
 from kvbench.kernels.gemv import gemv_config, linear
@@ -36,31 +38,6 @@ SHAPES = {
     "down": (4096, 14336),
     "lm_head": (128256, 4096),
 }
-
-
-def time_units(units, reps=20):
-    """Median microseconds per unit of `units` (closures), replayed in one CUDA graph."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for u in units[:2]:
-            u()
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for u in units:
-            u()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / len(units))
-    return statistics.median(times)
 
 
 def units_for(name, rows, impl, knobs, pdl, dev):
@@ -85,7 +62,7 @@ def units_for(name, rows, impl, knobs, pdl, dev):
         return run
 
     units = [unit(i) for i in range(copies)] * max(1, 8 // copies)
-    us = time_units(units)
+    us = time_graph(units, reps=20)
     # the check: the kernel's result against cuBLAS on one copy
     ref = F.linear(hs[0].float(), ws[0].float())
     err = ((ys[0].float() - ref).abs().max() / ref.abs().max()).item()

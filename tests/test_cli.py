@@ -112,6 +112,10 @@ def test_help_teaches_every_option():
     text = run(["decode-bench", "--help"]).output
     for opt in ("--batch", "--warmup", "--gen", "--repeats", "--contexts", "--modes", "--model"):
         assert opt in text
+    for cmd in ("audit", "decode-bench"):  # the GPU path's switches, for comparisons
+        text = run([cmd, "--help"]).output
+        for opt in ("--no-cuda-graphs", "--no-pdl", "--no-gemv-kernel"):
+            assert opt in text, (cmd, opt)
 
 
 def test_modes_lists_registry():

@@ -27,7 +27,7 @@ def tiny():
     return lm
 
 
-def run(lm, mode, fused, ids, forced, cap=None):
+def run(lm, mode, fused, ids, forced, cap=None, gemv=True):
     a = lm.args
     caches = build_caches(
         mode,
@@ -42,7 +42,7 @@ def run(lm, mode, fused, ids, forced, cap=None):
         boundary_v=1,
     )
     first = prefill(lm.model, ids, caches, 16, cap)
-    step = make_stepper(lm.model, caches, cap, fused=fused, cuda_graphs=DEVICE != "cpu")
+    step = make_stepper(lm.model, caches, cap, fused=fused, cuda_graphs=DEVICE != "cpu", gemv=gemv)
     return teacher_forced(lm.model, first, caches, forced, cap, step=step), caches
 
 
@@ -115,3 +115,32 @@ def test_fused_decode_with_kv_cap(tiny, seed):
     got, caches = run(tiny, "int8", True, ids, forced, cap)
     assert caches[0].live == 24 and caches[0].offset == 40 + 11
     torch.testing.assert_close(got, ref, rtol=0, atol=2e-2)
+
+
+def test_fused_decode_through_the_gemv_kernel(tiny, monkeypatch):
+    """The fused step's projections through kvbench's GEMV kernel (in the interpreter on the
+    CPU machine, where it is asked for) give the reference path's logits; with gemv=False
+    (`--no-gemv-kernel`) the kernel is not launched."""
+    import kvbench.kernels.gemv as gemv
+
+    monkeypatch.setenv("KVBENCH_GEMV", "triton")
+    launches = []
+    kernel = gemv._gemv_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(gemv, "_gemv_kernel", Spy())
+    ids = torch.randint(0, 512, (2, 21), device=DEVICE)
+    forced = torch.randint(0, 512, (2, 6), device=DEVICE)
+    ref, _ = run(tiny, "fp16", False, ids, forced)
+    assert not launches  # the reference path keeps F.linear
+    got, _ = run(tiny, "fp16", True, ids, forced, gemv=False)
+    assert not launches
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-4)
+    got, _ = run(tiny, "fp16", True, ids, forced)
+    # 4 projections per layer and the output head, per step (graph replays launch nothing new)
+    assert len(launches) >= 4 * tiny.args.n_layers + 1
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-4)

@@ -14,6 +14,7 @@ written again.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from kvbench.engine.rope import rope_cos_sin
 
@@ -30,7 +31,15 @@ class FastDecoder:
     """
 
     def __init__(
-        self, model, caches: list, batch: int, *, cuda_graphs: bool = True, cap=None, pdl: bool = True
+        self,
+        model,
+        caches: list,
+        batch: int,
+        *,
+        cuda_graphs: bool = True,
+        cap=None,
+        pdl: bool = True,
+        gemv: bool = True,
     ) -> None:
         from kvbench.kernels.decode_attention import DecodeWorkspace
 
@@ -42,6 +51,7 @@ class FastDecoder:
         a = model.args
         self.use_graphs = cuda_graphs and dev.type == "cuda"
         self.pdl = pdl  # Triton kernels launched with programmatic dependent launch (sm_90+; see kernels.launch)
+        self.gemv = gemv  # projections through kernels.gemv (else cuBLAS via F.linear)
         self.graph = None
         self.tok = torch.zeros(batch, 1, dtype=torch.long, device=dev)
         self.state = torch.zeros(3, dtype=torch.int32, device=dev)  # L, C, position
@@ -72,6 +82,9 @@ class FastDecoder:
     def _layers(self) -> None:
         from kvbench.kernels.fused_ops import rmsnorm, rope_qk, silu_mul
         from kvbench.kernels.gemv import linear
+
+        if not self.gemv:
+            linear = F.linear
 
         m = self.model
         a = m.args

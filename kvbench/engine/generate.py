@@ -92,7 +92,14 @@ def decode_one_token(model, token: torch.Tensor, caches: list, cap: KVCap | None
 
 
 def make_stepper(
-    model, caches, cap: KVCap | None = None, *, fused: bool = False, cuda_graphs: bool = True, pdl: bool = True
+    model,
+    caches,
+    cap: KVCap | None = None,
+    *,
+    fused: bool = False,
+    cuda_graphs: bool = True,
+    pdl: bool = True,
+    gemv: bool = True,
 ):
     """A function token [B, 1] -> next-token logits [B, V] (a fresh tensor).
 
@@ -102,7 +109,7 @@ def make_stepper(
     if fused:
         from kvbench.engine.fast_decode import FastDecoder
 
-        dec = FastDecoder(model, caches, caches[0].batch, cuda_graphs=cuda_graphs, cap=cap, pdl=pdl)
+        dec = FastDecoder(model, caches, caches[0].batch, cuda_graphs=cuda_graphs, cap=cap, pdl=pdl, gemv=gemv)
         return lambda tok: dec.step(tok).clone()
     return lambda tok: decode_one_token(model, tok, caches, cap)
 
