@@ -334,7 +334,8 @@ class BenchJob:
             if dev.type == "cuda" and not (cfg.gemv_kernel and gemv_enabled(dev)):
                 notes.append(f"projections through cuBLAS (--no-gemv-kernel or {GEMV_ENV}=cublas), not the GEMV kernel")
 
-            knobs = {m: config_overrides()[m] for m in {c.kernel_mode for c in caches} & set(config_overrides())}
+            over = config_overrides()
+            knobs = {m: over[m] for m in {c.kernel_mode for c in caches} & over.keys()}
             if knobs:
                 notes.append(f"attention launch knobs from {CONFIG_ENV}: {json.dumps(knobs, sort_keys=True)}")
         step = self._stepper(model, caches, cap, fused)

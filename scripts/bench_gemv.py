@@ -97,7 +97,7 @@ def main():
             except Exception as exc:  # a config past the shared memory: skipped, said
                 print(f"{name:8} {rows:4} {impl} {knobs} FAILED {type(exc).__name__}: {str(exc)[:120]}")
                 continue
-            cfg = {**gemv_config(n, k, rows, dev), **knobs} if impl == "triton" else {}
+            cfg = {**gemv_config(n, k, dev), **knobs} if impl == "triton" else {}
             label = f"{impl}{' pdl' if pdl else ''} {' '.join(f'{a}={b}' for a, b in knobs.items())}".strip()
             results.append((us, label, cfg))
             if not args.tune or len(results) <= 5:

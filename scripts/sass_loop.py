@@ -169,27 +169,25 @@ def main():
             print(f"  loop {lo:#06x}-{hi:#06x}: {len(body)} instructions; {top}")
 
 
-def registers(kernel) -> int | str:
-    """Registers per thread of the compiled kernel, from cuobjdump's resource usage."""
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+def _cubin_tool(kernel, tool: str, *args: str, check: bool = True) -> str:
+    """stdout of triton's bundled `tool` (nvdisasm, cuobjdump) run on the kernel's cubin."""
+    exe = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / tool
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     try:
-        out = subprocess.run([str(cuobjdump), "-res-usage", f.name], capture_output=True, text=True).stdout
+        return subprocess.run([str(exe), *args, f.name], capture_output=True, text=True, check=check).stdout
     finally:
         os.unlink(f.name)
-    m = re.search(r"REG:(\d+)", out)
+
+
+def registers(kernel) -> int | str:
+    """Registers per thread of the compiled kernel, from cuobjdump's resource usage."""
+    m = re.search(r"REG:(\d+)", _cubin_tool(kernel, "cuobjdump", "-res-usage", check=False))
     return int(m.group(1)) if m else "?"
 
 
 def sass_of(kernel) -> str:
-    nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(kernel.asm["cubin"])
-    try:
-        return subprocess.run([str(nvdisasm), "-c", f.name], capture_output=True, text=True, check=True).stdout
-    finally:
-        os.unlink(f.name)
+    return _cubin_tool(kernel, "nvdisasm", "-c")
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ def test_gemv_config_fits_shared_memory():
     budget in 16-bit and in fp32 (on the H200, fp32 at the 16-bit depth asked for 240 KB)."""
     for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096), (576, 576)]:
         for elem in (2, 4):
-            c = gemv_config(n, k, 1, torch.device("cpu"), elem)
+            c = gemv_config(n, k, torch.device("cpu"), elem)
             assert (c["BLOCK_N"] + MAX_ROWS) * c["BLOCK_K"] * elem * c["num_stages"] <= SHARED_BUDGET, (n, k, elem)
 
 

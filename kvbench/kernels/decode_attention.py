@@ -416,8 +416,8 @@ def _decode_split_kernel(
     if V_TOKEN_MAJOR:  # int8 V stored [B, H, D, v_cap] (see `token_major`): V at this (batch, head)'s plane
         V += bh.to(tl.int64) * D * v_cap
     if V_FMT == DELEGATED:
-        # one loop per program, one accumulator live: carrying the other segment's accumulator
-        # through the loop too had the kernel at 255 registers per thread
+        # one loop per program and one accumulator live (the other plane gets zeros); both
+        # loops carrying both accumulators took 234-255 registers per thread (sm_90, ahead of time)
         if is_hot:
             hot_row0 = bh.to(tl.int64) * hot_cap - cold  # token t lives in hot slot t - C
             m_i, l_i, acc, w_i = _attend_range(
@@ -667,8 +667,7 @@ def _parse_overrides(raw: str) -> dict:
             raise ValueError("not an object of objects")
     except ValueError as exc:
         raise KvbenchError(f"{CONFIG_ENV} must be JSON {{mode: {{knob: value}}}}: {exc}") from None
-    known = {"deep_stages", "deep_any_occupancy", "nearest"}
-    known |= set().union(*(default_config(m, overrides=False) for m in FORMATS))
+    known = set().union(*(default_config(m, overrides=False) for m in FORMATS))
     for mode, knobs in data.items():
         if mode not in FORMATS:
             raise KvbenchError(f"{CONFIG_ENV}: unknown mode {mode!r} (modes: {', '.join(FORMATS)})")

@@ -23,6 +23,7 @@ the kernel in the interpreter too (CPU tensors under `TRITON_INTERPRET=1`).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -106,8 +107,9 @@ def gemv_enabled(device: torch.device) -> bool:
     return want == "triton" if device.type != "cuda" else want != "cublas"
 
 
-def gemv_config(n: int, k: int, rows: int, device: torch.device, elem_bytes: int = 2) -> dict:
-    """Launch knobs for an [N, K] weight at `rows` rows, from a sweep on the H200
+@functools.cache
+def gemv_config(n: int, k: int, device: torch.device, elem_bytes: int = 2) -> dict:
+    """Launch knobs for an [N, K] weight (at any row count up to MAX_ROWS), from a sweep on the H200
     (scripts/bench_gemv.py --tune, results/2026-12-01f-h200): K in 256-column steps, deep
     pipelines, and programs big enough in shared memory (120-165 KB) that one fits per SM.
     Smaller programs, three to an SM, ran up to 30% slower with PDL at 16 rows: launched
@@ -132,6 +134,7 @@ def gemv_config(n: int, k: int, rows: int, device: torch.device, elem_bytes: int
     return {"BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": 4, "num_stages": stages, "PREFETCH_K": 2 * block_k}
 
 
+@functools.cache
 def _shared_budget(device: torch.device) -> int:
     """SHARED_BUDGET, or less on a GPU whose programs may take less (16 KB left for the rest)."""
     if device.type != "cuda":
@@ -167,7 +170,7 @@ def linear(
     if out is not None and (out.shape != (*x.shape[:-1], n) or out.dtype != x.dtype or not out.is_contiguous()):
         raise ValueError(f"out: expected a contiguous {(*x.shape[:-1], n)} {x.dtype} tensor, got {tuple(out.shape)}")
     y = out.view(m, n) if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
-    cfg = {**gemv_config(n, k, m, weight.device, weight.element_size()), **knobs}
+    cfg = {**gemv_config(n, k, weight.device, weight.element_size()), **knobs}
     pdl = pdl_kwargs(x)
     if not pdl["PDL"]:
         cfg["PREFETCH_K"] = 0
