@@ -85,9 +85,6 @@ def quantized_cache(mode, b, cap, length, cold, dtype, kw, device):
             bits = 3 if fmt == "turbo3" else 4
             signs, cb, bnd = kw[side + "_signs"], kw[side + "_codebook"], kw[side + "_boundaries"]
             bufs[side + "_codes"], bufs[side + "_scale"] = ref.quantize_turbo(x[side], cb.float(), bnd, *signs, bits)
-            if side == "v" and fmt == "turbo4":  # as the turbo caches store it
-                codes = bufs[side + "_codes"]
-                bufs[side + "_codes"] = ref.token_major(codes.shape, torch.uint8, device).copy_(codes)
         if fmt == "delegated":
             bufs["v_hot"] = torch.full((b, HKV, 256, D), float("nan"), device=device, dtype=dtype)
             bufs["v_hot"][:, :, : length - cold] = x["v"][:, :, cold:length]
@@ -166,10 +163,6 @@ def random_cache(mode, b, length, dtype, device, int8_v="token-major"):
         else:
             bits = 3 if fmt == "turbo3" else 4
             bufs[side + "_codes"] = torch.randint(0, 256, (*shape, D * bits // 8), device=device, dtype=torch.uint8)
-            if side == "v" and fmt == "turbo4" and int8_v == "token-major":  # as the turbo caches store it
-                bufs[side + "_codes"] = ref.token_major(bufs[side + "_codes"].shape, torch.uint8, device).copy_(
-                    bufs[side + "_codes"]
-                )
             bufs[side + "_scale"] = (torch.rand(*shape, 1, device=device) * 4).half()
         if fmt == "delegated":
             bufs["v_hot"] = torch.randn(b, HKV, 256, D, device=device, dtype=dtype)
@@ -256,9 +249,8 @@ VARIANTS_KEYS = {k for v in VARIANTS.values() for k in v}
 
 
 def kernel_mode(name):
-    """A timed kernel's (mode, V layout, turbo lookup, launch overrides): "int8-rowmajor"
-    is int8 with V stored [B, H, cap, D] ("turbo4-asym-rowmajor", "turbo4-rowmajor": 4-bit V
-    codes [B, H, cap, D/2], decoded in the load's layout); "<turbo mode>@gather" times the codebook gather
+    """A timed kernel's (mode, int8 V layout, turbo lookup, launch overrides): "int8-rowmajor"
+    is int8 with V stored [B, H, cap, D]; "<turbo mode>@gather" times the codebook gather
     instead of prmt; "<mode>:wfirst" / ":wlast" force where the reduction stores the fresh
     token, "int8:s8" / "int8:f16" the int8 kernel's dots (`VARIANTS`, joined by "+";
     otherwise the mode's defaults)."""
@@ -266,8 +258,8 @@ def kernel_mode(name):
     over = {}
     for opt in filter(None, opts.split("+")):
         over.update(VARIANTS[opt])
-    if name in ("int8-rowmajor", "turbo4-asym-rowmajor", "turbo4-rowmajor"):
-        return name.removesuffix("-rowmajor"), "row-major", None, over
+    if name == "int8-rowmajor":
+        return "int8", "row-major", None, over
     mode, _, lut = name.partition("@")
     return mode, "token-major", lut or None, over
 
@@ -451,7 +443,7 @@ def main():
     ap.add_argument(
         "--modes",
         default=",".join(ref.MODES),
-        help="comma list of modes (int8-rowmajor, turbo4-asym-rowmajor, turbo4-rowmajor: V stored [B, H, cap, W])",
+        help="comma list of modes (int8-rowmajor: int8 with V stored [B, H, cap, D])",
     )
     ap.add_argument(
         "--grid",

@@ -30,16 +30,9 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvbench.kernels.decode_attention import (
-    _decode_reduce_kernel,
-    _decode_split_kernel,
-    default_config,
-    prmt_nibble_asm,
-    prmt_table,
-)
+from kvbench.kernels.decode_attention import _decode_reduce_kernel, _decode_split_kernel, default_config
 from kvbench.kernels.quantize import FORMAT_IDS, wht_params
 from kvbench.kernels.reference import FORMATS
-from kvbench.kv import turbo
 
 ELEMENT = {"float": "*bf16", "int8": "*i8", "turbo4": "*u8", "turbo3": "*u8", "delegated": "*u8"}
 ALIGNED_INTS = ("stride_qb", "stride_qh", "cap", "v_cap", "hot_cap")  # multiples of 16 in practice
@@ -54,25 +47,17 @@ def compile_split(
     dim: int = 128,
     int8_dot: str | None = None,
     pdl: bool = False,
-    row_major: bool = False,
 ):
-    """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned.
-    V as the caches store it (int8 and 4-bit codes token-major), or all row-major."""
+    """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned."""
     kf, vf = FORMATS[mode]
     fn = _decode_split_kernel
     pointers = {"Q": "*bf16", "K": ELEMENT[kf], "V": ELEMENT[vf], "VH": "*bf16", "LEN": "*i32", "COLD": "*i32"}
     consts = {
         "G": group, "D": dim, "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
-        "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf in ("int8", "turbo4", "delegated") and not row_major,
+        "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf == "int8",
         "PRECISION": "tf32", "PRMT": kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8",
         "I8_F16": (int8_dot or default_config(mode)["int8_dot"]) == "f16", "PDL": pdl,
     }  # fmt: skip
-    if consts["PRMT"] and consts["V_TOKEN_MAJOR"] and vf != "int8":  # the codebook as immediates (decode_attention)
-        words = prmt_table(turbo.codebook(4, dim)).tolist()
-        lo_hi = (prmt_nibble_asm(False, words), prmt_nibble_asm(True, words))
-        consts.update(zip(("V_LO", "V_HI"), lo_hi))
-        if kf == "turbo4":
-            consts.update(zip(("K_LO", "K_HI"), lo_hi))
     table = lambda name: "*i32" if name.startswith("CB") else "*fp32"  # noqa: E731 (prmt tables, float32 scales)
     return compile_sm90(fn, consts, pointers, table, {"num_warps": warps, "num_stages": stages}, ALIGNED_INTS)
 
@@ -161,7 +146,6 @@ def main():
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--int8-dot", choices=("s8", "f16"), help="the int8 kernel's dots (default: default_config's, f16)")
-    ap.add_argument("--row-major", action="store_true", help="int8 V and 4-bit V codes row-major, not token-major")
     ap.add_argument(
         "--reduce",
         action="store_true",
@@ -178,7 +162,7 @@ def main():
                     f"{mode} reduction, {'with' if append else 'without'} the append: {len(body)} instructions; {top}"
                 )
             continue
-        kernel = compile_split(mode, args.block_n, args.warps, args.stages, int8_dot=args.int8_dot, row_major=args.row_major)
+        kernel = compile_split(mode, args.block_n, args.warps, args.stages, int8_dot=args.int8_dot)
         print(f"{mode}: shared memory {kernel.metadata.shared // 1024} KB, {registers(kernel)} registers per thread")
         for lo, hi, body in loops(sass_of(kernel)):
             top = ", ".join(f"{op} {n}" for op, n in opcodes(body).most_common(top_n))

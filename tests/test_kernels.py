@@ -84,19 +84,10 @@ def random_tokens(b, h, t, dim, dtype):
     return x.to(dtype)
 
 
-def as_token_major(buf):
-    """`buf` [B, H, cap, W] copied into a `token_major` buffer whose storage padding is garbage."""
-    tm = ref.token_major(buf.shape, buf.dtype, buf.device, pad=48)
-    lo, hi = (-128, 128) if buf.dtype == torch.int8 else (0, 256)
-    torch.empty(0, dtype=buf.dtype).set_(tm.untyped_storage()).random_(lo, hi)
-    return tm.copy_(buf)
-
-
-def make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw, v_layout="token-major"):
+def make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw, int8_v="token-major"):
     """Buffers in the mode's format holding `length` random tokens; poison everywhere else.
-    int8 V and 4-bit turbo V codes (not delegated's cold ones) are stored as the caches store
-    them (token-major, storage padded with garbage) or, with v_layout="row-major", as a
-    contiguous [B, H, cap, W]."""
+    int8 V is stored as the int8 cache stores it (token-major, storage padded with garbage)
+    or, with int8_v="row-major", as a contiguous [B, H, cap, D]."""
     kf, vf = ref.FORMATS[mode]
     bufs = {}
     for x, fmt in (("k", kf), ("v", vf)):
@@ -105,15 +96,15 @@ def make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw, v_layout="token-
             bufs[x] = tokens
         elif fmt == "int8":
             bufs[x], bufs[x + "_scale"] = ref.quantize_int8(tokens)
-            if x == "v" and v_layout == "token-major":
-                bufs[x] = as_token_major(bufs[x])
+            if x == "v" and int8_v == "token-major":
+                tm = ref.token_major(bufs[x].shape, torch.int8, bufs[x].device, pad=48)
+                torch.empty(0, dtype=torch.int8).set_(tm.untyped_storage()).random_(-128, 128)
+                bufs[x] = tm.copy_(bufs[x])
         else:
             bits = 3 if fmt == "turbo3" else 4
             signs, cb, bnd = (kw[f"{x}_signs"], kw[f"{x}_codebook"], kw[f"{x}_boundaries"])
             bufs[x + "_codes"], bufs[x + "_scale"] = ref.quantize_turbo(tokens, cb, bnd, *signs, bits)
             bufs[x + "_codes"][:, :, length:] = torch.randint(0, 256, bufs[x + "_codes"][:, :, length:].shape).byte()
-            if x == "v" and fmt == "turbo4" and v_layout == "token-major":
-                bufs[x + "_codes"] = as_token_major(bufs[x + "_codes"])
         if fmt == "delegated":
             hot = torch.full((b, hkv, max(1, length - cold) + 5, dim), float("nan"), dtype=dtype)
             hot[:, :, : length - cold] = tokens[:, :, cold:length]
@@ -138,10 +129,10 @@ def tolerance(mode, dtype):
     return 4e-3
 
 
-def run_decode(mode, b, hkv, group, dim, length, cap, dtype, num_splits, cold=None, v_layout="token-major", **launch):
+def run_decode(mode, b, hkv, group, dim, length, cap, dtype, num_splits, cold=None, int8_v="token-major", **launch):
     kw = codec_kwargs(mode, dim)
     cold = length // 2 if cold is None else cold
-    bufs = make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw, v_layout)
+    bufs = make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw, int8_v)
     # peaked attention (logits ~ N(0, 9)) so that every single token matters
     q = (3 * torch.randn(b, hkv * group, dim)).to(dtype)
     k_new, v_new = random_tokens(b, hkv, 2, dim, dtype).unbind(2)
@@ -194,21 +185,10 @@ def test_decode_int8_dots(case, int8_v, dot, seed):
     dim, dtype = case[3], case[6]
     if GPU and dim < 32:
         pytest.skip("compiled int8 kernels need head_dim >= 32")
-    out, expected = run_decode("int8", *case, v_layout=int8_v, int8_dot=dot)
+    out, expected = run_decode("int8", *case, int8_v=int8_v, int8_dot=dot)
     assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
     err = max_rel(out, expected)
     assert err < tolerance("int8:" + dot, dtype), f"seed {seed}: max rel error {err:.2e}"
-
-
-@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}-cap{}-{}-s{}".format(*c))
-@pytest.mark.parametrize("mode", ["turbo4-asym", "turbo4"])
-def test_decode_turbo4_row_major(mode, case, seed):
-    """4-bit V codes in a contiguous [B, H, cap, D/2] (the layout before token-major): the
-    split kernel's word loads, decoded in the load's layout (turbo K too, in that case)."""
-    out, expected = run_decode(mode, *case, v_layout="row-major")
-    assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
-    err = max_rel(out, expected)
-    assert err < tolerance(mode, case[6]), f"seed {seed}: max rel error {err:.2e}"
 
 
 def test_decode_int8_dot_checked():

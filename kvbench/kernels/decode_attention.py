@@ -120,29 +120,22 @@ def _centroids(packed, CB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.cons
     return c
 
 
-def _lookup4(tab) -> list[str]:
-    """PTX: 4 codes in the nibbles of h -> lo / hi, byte k = low / high byte of code k's
-    centroid. `tab`: the registers of L0..L3, H0..H3 (see `_centroids_prmt`)."""
-    l0, l1, l2, l3, h0, h1, h2, h3 = tab
-    return [
-        "shl.b32 a, h, 4;",
-        "prmt.b32 m, a, h, 0xD9C8;",
-        "and.b32 s, h, 0x7777;",
-        f"prmt.b32 la, {l0}, {l1}, s;",
-        f"prmt.b32 lb, {l2}, {l3}, s;",
-        f"prmt.b32 ha, {h0}, {h1}, s;",
-        f"prmt.b32 hb, {h2}, {h3}, s;",
-        "lop3.b32 lo, la, lb, m, 0xD8;",
-        "lop3.b32 hi, ha, hb, m, 0xD8;",
-    ]
-
-
 def _prmt_asm(bits: int) -> str:
     """PTX of `_centroids_prmt`: $8 is a word of 8 codes, $9..$16 the table, $0..$7 the fp16
     outputs. Each 16-bit half of the word (4 codes) goes through the same steps."""
     if bits == 4:  # selectors h & 0x7777 into both table halves, bit 3 of each code picks one
         regs = ".reg .b32 a, m, s, la, lb, ha, hb, lo, hi, p0, p1, h;"
-        lookup = _lookup4([f"${i}" for i in range(9, 17)])
+        lookup = [
+            "shl.b32 a, h, 4;",
+            "prmt.b32 m, a, h, 0xD9C8;",
+            "and.b32 s, h, 0x7777;",
+            "prmt.b32 la, $9, $10, s;",
+            "prmt.b32 lb, $11, $12, s;",
+            "prmt.b32 ha, $13, $14, s;",
+            "prmt.b32 hb, $15, $16, s;",
+            "lop3.b32 lo, la, lb, m, 0xD8;",
+            "lop3.b32 hi, ha, hb, m, 0xD8;",
+        ]
         halves = (["mov.b32 h, $8;"], ["shr.u32 h, $8, 16;"])
     else:  # 3-bit codes spread to nibbles; one table half
         regs = ".reg .b32 h, s, x, lo, hi, p0, p1;"
@@ -192,48 +185,6 @@ def _centroids_prmt(words, TAB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl
     )  # fmt: skip
     c = tl.join(tl.join(tl.join(o0, o1), tl.join(o2, o3)), tl.join(tl.join(o4, o5), tl.join(o6, o7)))
     return tl.reshape(c, [BLOCK_N, D])
-
-
-def prmt_nibble_asm(high: bool, words) -> str:
-    """PTX of `_centroids_bytes` for one codebook (`words`: its `prmt_table`, as ints): $2
-    holds 4 bytes (4 elements) of two 4-bit codes each, byte = lo | hi << 4; $0, $1 get the
-    fp16 centroids of the lo (or, `high`, the hi) codes of elements 0-1 and 2-3. The 4 codes
-    go to the nibbles of a 16-bit h (shifts, a bit select, a byte permute), then through
-    `_prmt_asm(4)`'s lookup with the table as immediates, then two byte permutes pair them
-    into fp16s. One map per nibble, with no operand but the bytes: triton then decodes in
-    the dot's operand layout. (With the table as operands, or one map with two outputs,
-    triton decoded in the load's layout and went through shared memory.)"""
-    body = [".reg .b32 x, y, u, h, a, m, s, la, lb, ha, hb, lo, hi;"]
-    if high:  # byte 0 of u = h0 | h1 << 4 (from x >> 4 and x >> 8), byte 2 = h2 | h3 << 4
-        body += ["shr.b32 x, $2, 4;", "shr.b32 y, $2, 8;"]
-    else:  # byte 0 of u = l0 | l1 << 4 (from x and x >> 4), byte 2 = l2 | l3 << 4
-        body += ["mov.b32 x, $2;", "shr.b32 y, $2, 4;"]
-    body += ["and.b32 x, x, 0x0F0F0F0F;", "and.b32 y, y, 0xF0F0F0F0;", "or.b32 u, x, y;", "prmt.b32 h, u, u, 0x3320;"]
-    body += _lookup4([f"0x{int(w) & 0xFFFFFFFF:08X}" for w in words])
-    body += ["prmt.b32 $0, lo, hi, 0x5140;", "prmt.b32 $1, lo, hi, 0x7362;"]
-    return "{\n" + "\n".join(body) + "\n}"
-
-
-@triton.jit
-def _nibble_centroids(x, ASM: tl.constexpr):
-    return tl.inline_asm_elementwise(ASM, "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
-
-
-@triton.jit
-def _centroids_bytes(x, CB, ASM_LO: tl.constexpr, ASM_HI: tl.constexpr, PRMT: tl.constexpr):
-    """Bytes of two 4-bit codes (lo | hi << 4), any shape -> (c[lo], c[hi]) fp16, the same
-    shape: elementwise maps, so a tile loaded for a dot is decoded in the dot's operand
-    layout (nothing goes through shared memory on the way). PRMT: ASM_LO / ASM_HI are
-    `prmt_nibble_asm` of the codebook, ~15 instructions per 4 codes; else CB is the fp16
-    codebook, gathered (the interpreter)."""
-    if PRMT:
-        c_lo = _nibble_centroids(x, ASM_LO)
-        c_hi = _nibble_centroids(x, ASM_HI)
-    else:
-        b = x.to(tl.int32)
-        c_lo = tl.load(CB + (b & 15))
-        c_hi = tl.load(CB + (b >> 4))
-    return c_lo, c_hi
 
 
 # int8 code b -> fp16 (b + 1152), exact: the fp16 with bits 0x6400 | (b ^ 0x80) is 1024 + (b + 128).
@@ -295,10 +246,6 @@ def _attend_range(
     PRECISION: tl.constexpr,
     PRMT: tl.constexpr,
     I8_F16: tl.constexpr,
-    K_LO: tl.constexpr = "",
-    K_HI: tl.constexpr = "",
-    V_LO: tl.constexpr = "",
-    V_HI: tl.constexpr = "",
 ):
     """Online softmax over tokens [lo, hi): returns updated (m, l, acc, w_i).
 
@@ -308,45 +255,31 @@ def _attend_range(
     1152 * sum(q) per score row and 1152 * w_i, the running sum of the fp16 weights,
     per output row (subtracted by the caller).
 
-    4-bit turbo codes stored token-major (V_TOKEN_MAJOR: V's storage [B, H, D/2, v_cap],
-    see `reference.token_major`) are decoded byte by byte (`_centroids_bytes`, an
-    elementwise map) in the tensor-core operand layout: byte j of a token holds the codes
-    of coordinates 2j and 2j + 1, so each tile gives two [BLOCK_N, D/2] centroid tiles,
-    one per coordinate parity, each its own dot (V: two accumulators, even and odd
-    coordinates, interleaved at the end; turbo K, in the same kernel: q comes as its
-    even and odd coordinates, qa and qb). Triton pipelines those loads (cp.async) like
-    fp16's. Row-major codes (3-bit V; 4-bit in caches laid out before) are loaded as words,
-    prefetched here by hand one block ahead in registers, decoded in the load's layout
-    and go through shared memory to the dot. (int8's scales prefetched by hand made its
-    kernel 5-10% slower on the H200.)
+    Triton pipelines (cp.async) only loads that feed a dot; the packed codes and
+    scales of turbo formats are prefetched here by hand, one block ahead, in registers.
+    (int8's scales prefetched the same way made its kernel 5-10% slower on the H200.)
     """
     V_BITS: tl.constexpr = 4 if V_FMT == TURBO4 else 3
     V_CODES: tl.constexpr = V_FMT != FLOAT and V_FMT != INT8  # turbo codes (delegated is split by the caller)
-    V_TM4: tl.constexpr = V_CODES and V_TOKEN_MAJOR  # 4-bit codes, token-major, decoded in the dot's layout
-    K_BYTES: tl.constexpr = K_FMT == TURBO4 and V_TOKEN_MAJOR  # turbo K the same way (qa, qb: even, odd)
-    DH: tl.constexpr = D // 2
     d = tl.arange(0, D)
-    j = tl.arange(0, DH)
     offs = tl.arange(0, BLOCK_N)
-    if K_FMT == TURBO4 and not K_BYTES:
+    if K_FMT == TURBO4:
         k_pk = _load_packed(K, k_row0 + lo + offs, lo + offs < hi, 4, D, BLOCK_N, PRMT)
         k_sc = tl.load(KS + k_row0 + lo + offs, mask=lo + offs < hi, other=0.0)
-    if V_CODES and not V_TM4:
+    if V_CODES:
         v_pk = _load_packed(V, v_row0 + lo + offs, lo + offs < hi, V_BITS, D, BLOCK_N, PRMT)
         v_sc = tl.load(VS + v_row0 + lo + offs, mask=lo + offs < hi, other=0.0)
-    if V_TM4:
-        acc_e, acc_o = tl.split(tl.reshape(acc, [acc.shape[0], DH, 2]))
     for n0 in range(lo, hi, BLOCK_N):
         t = n0 + offs
         mask = t < hi
         kr = k_row0 + t
         vr = v_row0 + t
         nxt = t + BLOCK_N
-        if K_FMT == TURBO4 and not K_BYTES:
+        if K_FMT == TURBO4:
             k_cur, k_scale = k_pk, k_sc
             k_pk = _load_packed(K, k_row0 + nxt, nxt < hi, 4, D, BLOCK_N, PRMT)
             k_sc = tl.load(KS + k_row0 + nxt, mask=nxt < hi, other=0.0)
-        if V_CODES and not V_TM4:
+        if V_CODES:
             v_cur, v_scale = v_pk, v_sc
             v_pk = _load_packed(V, v_row0 + nxt, nxt < hi, V_BITS, D, BLOCK_N, PRMT)
             v_sc = tl.load(VS + v_row0 + nxt, mask=nxt < hi, other=0.0)
@@ -363,10 +296,6 @@ def _attend_range(
             kt = tl.trans(tl.load(K + kr[:, None] * D + d[None, :], mask=mask[:, None], other=0))
             s = (tl.dot(qa, kt) * 254 + tl.dot(qb, kt)).to(tl.float32)
             s = s * (q_unit[:, None] * tl.load(KS + kr, mask=mask, other=0.0)[None, :])
-        elif K_BYTES:
-            c_lo, c_hi = _centroids_bytes(tl.load(K + kr[:, None] * DH + j[None, :], mask=mask[:, None], other=0), CBK, K_LO, K_HI, PRMT)
-            s = tl.dot(qa, tl.trans(c_lo)) + tl.dot(qb, tl.trans(c_hi))
-            s = s * (q_unit[:, None] * tl.load(KS + kr, mask=mask, other=0.0).to(tl.float32)[None, :])
         else:
             c = _centroids(k_cur, CBK, 4, D, BLOCK_N, PRMT)
             s = tl.dot(qa, tl.trans(c)) * (q_unit[:, None] * k_scale.to(tl.float32)[None, :])
@@ -395,19 +324,10 @@ def _attend_range(
                 wh, wl, unit = _split_int8(p * tl.load(VS + vr, mask=mask, other=0.0)[None, :])
                 # |dot| <= 127^2 * BLOCK_N: hi * 254 + lo fits int32 for BLOCK_N <= 256
                 pv = (tl.dot(wh, v) * 254 + tl.dot(wl, v)).to(tl.float32) * (unit * (1.0 / 254.0))[:, None]
-        elif V_TM4:  # V points at this (batch, head)'s plane [D/2, v_cap]; masked as int8's is
-            vb = tl.trans(tl.load(V + j[:, None] * v_cap + t[None, :], mask=t[None, :] < v_cap, other=0))
-            c_lo, c_hi = _centroids_bytes(vb, CBV, V_LO, V_HI, PRMT)
-            w = (p * tl.load(VS + vr, mask=mask, other=0.0).to(tl.float32)[None, :]).to(tl.float16)
-            acc_e = acc_e * alpha[:, None] + tl.dot(w, c_lo)
-            acc_o = acc_o * alpha[:, None] + tl.dot(w, c_hi)
         else:
             c = _centroids(v_cur, CBV, V_BITS, D, BLOCK_N, PRMT)
             pv = tl.dot((p * v_scale.to(tl.float32)[None, :]).to(tl.float16), c)
-        if not V_TM4:
-            acc = acc * alpha[:, None] + pv
-    if V_TM4:
-        acc = tl.reshape(tl.join(acc_e, acc_o), [acc.shape[0], D])
+        acc = acc * alpha[:, None] + pv
     return m_i, l_i, acc, w_i
 
 
@@ -444,10 +364,6 @@ def _decode_split_kernel(
     PRMT: tl.constexpr,
     I8_F16: tl.constexpr,
     PDL: tl.constexpr = False,
-    K_LO: tl.constexpr = "",
-    K_HI: tl.constexpr = "",
-    V_LO: tl.constexpr = "",
-    V_HI: tl.constexpr = "",
 ):
     # grid: (B * Hkv, num_splits): one program per (batch, kv head, split of [0, L)), for all G query heads
     pdl_enter(PDL)
@@ -487,9 +403,6 @@ def _decode_split_kernel(
     elif K_FMT == INT8:  # the scores come as hi * 254 + lo: the 1/254 rides on q_unit
         qa, qb, q_unit = _split_int8(q.to(tl.float32))
         q_unit = q_unit * (qk_scale / 254.0)
-    elif V_TOKEN_MAJOR:  # q already rotated into K's basis; its even and odd coordinates (see _attend_range)
-        qa, qb = tl.split(tl.reshape(q.to(tl.float16), [BLOCK_G, D // 2, 2]))
-        q_unit = tl.full([BLOCK_G], 1.0, tl.float32) * qk_scale
     else:  # q is already rotated into K's basis
         qa = q.to(tl.float16)
         qb = qa
@@ -500,8 +413,8 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_G, D], tl.float32)
     w_i = tl.zeros([BLOCK_G], tl.float32)
     row0 = bh.to(tl.int64) * cap
-    if V_TOKEN_MAJOR:  # V stored [B, H, W, v_cap] (see `token_major`; W = D, or D / 2 bytes of 4-bit codes)
-        V += bh.to(tl.int64) * (D if V_FMT == INT8 else D // 2) * v_cap
+    if V_TOKEN_MAJOR:  # int8 V stored [B, H, D, v_cap] (see `token_major`): V at this (batch, head)'s plane
+        V += bh.to(tl.int64) * D * v_cap
     if V_FMT == DELEGATED:
         # one loop per program and one accumulator live (the other plane gets zeros); both
         # loops carrying both accumulators took 234-255 registers per thread (sm_90, ahead of time)
@@ -510,19 +423,16 @@ def _decode_split_kernel(
             m_i, l_i, acc, w_i = _attend_range(
                 qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, VH, VS, CBK, CBV,
                 row0, hot_row0, 0, K_FMT, FLOAT, False, D, BLOCK_N, PRECISION, PRMT, False,
-                K_LO, K_HI, V_LO, V_HI,
             )  # fmt: skip
         else:
             m_i, l_i, acc, w_i = _attend_range(
                 qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
-                row0, row0, v_cap, K_FMT, TURBO4, V_TOKEN_MAJOR, D, BLOCK_N, PRECISION, PRMT, False,
-                K_LO, K_HI, V_LO, V_HI,
+                row0, row0, 0, K_FMT, TURBO4, False, D, BLOCK_N, PRECISION, PRMT, False,
             )  # fmt: skip
     else:
         m_i, l_i, acc, w_i = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
             row0, row0, v_cap, K_FMT, V_FMT, V_TOKEN_MAJOR, D, BLOCK_N, PRECISION, PRMT, I8_F16,
-            K_LO, K_HI, V_LO, V_HI,
         )  # fmt: skip
         if V_FMT == INT8 and I8_F16:
             acc -= 1152.0 * w_i[:, None]
@@ -813,15 +723,6 @@ class DecodeWorkspace:
             self.codebooks[key] = prmt_table(codebook)
         return self.codebooks[key]
 
-    def nibble_asm(self, side: str, codebook: torch.Tensor) -> tuple[str, str]:
-        """The side's `prmt_nibble_asm` pair (lo, hi codes), made at the first call (which
-        reads the codebook back to the host once: warm up before a CUDA graph capture)."""
-        key = side + ":asm"
-        if key not in self.codebooks:
-            words = prmt_table(codebook).tolist()
-            self.codebooks[key] = (prmt_nibble_asm(False, words), prmt_nibble_asm(True, words))
-        return self.codebooks[key]
-
     @classmethod
     def for_cache(cls, mode: str, q: torch.Tensor, n_kv_heads: int, capacity: int, num_splits=None, block_n=None):
         """Workspace for decoding `q` [B, Hq, D] against a cache of `capacity` slots."""
@@ -864,7 +765,7 @@ def lut_path(device: torch.device, lut: str | None = None) -> str:
 
 def _check_args(mode, q, k_new, v_new, out, buffers, ws):
     """Cheap shape checks: the kernels index buffers as contiguous [B, H, cap, W] (int8 V
-    and 4-bit V codes may also be token-major) and vectors by their last dim."""
+    may also be token-major) and vectors by their last dim."""
     b, hq, dim = q.shape
     if any(x.stride(-1) != 1 for x in (q, k_new, v_new, out)):
         raise ValueError("decode_attention needs q, k_new, v_new and out with a contiguous last dim")
@@ -965,12 +866,6 @@ def decode_attention(
         raise ValueError(f"int8_dot must be 's8' or 'f16', got {int8_dot!r}")
 
     v_stride = buffer_layout("decode_attention", "v", vf, v)
-    # 4-bit codes decoded in the dot's layout (token-major V, see _attend_range): the codebook as PTX immediates
-    asm = {}
-    if prmt and v_stride is not None and kf == "turbo4":
-        asm.update(zip(("K_LO", "K_HI"), workspace.nibble_asm("k", k_codebook)))
-    if prmt and v_stride is not None and vf in ("turbo4", "delegated"):
-        asm.update(zip(("V_LO", "V_HI"), workspace.nibble_asm("v", v_codebook)))
 
     s = workspace.num_splits
     pdl = pdl_kwargs(q)
@@ -980,7 +875,7 @@ def decode_attention(
         q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision, PRMT=prmt,
-        I8_F16=int8_dot == "f16", num_warps=num_warps, num_stages=num_stages, **pdl, **asm,
+        I8_F16=int8_dot == "f16", num_warps=num_warps, num_stages=num_stages, **pdl,
     )  # fmt: skip
     rotated = vf.startswith(("turbo", "delegated"))
     s1v, s2v = v_signs if rotated else (q, q)

@@ -117,8 +117,8 @@ def _quantize_store(
     INV_SQRT_D: tl.constexpr,
 ):
     """Store x [BLOCK_R, D] (float32) in format FMT: row r at token `slots[r]` of cache row
-    `bh[r]` (= b * H + h). TOKEN_MAJOR (int8, 4-bit turbo codes): DST's storage is
-    [B, H, W, stride_d], W = D (int8) or D / 2 bytes (see `reference.token_major`)."""
+    `bh[r]` (= b * H + h). TOKEN_MAJOR (int8 only): DST's storage is [B, H, D, stride_d]
+    (see `reference.token_major`)."""
     d = tl.arange(0, D)
     dst = bh.to(tl.int64) * cap + slots  # token row in [B, H, cap, ...]
     if FMT == FLOAT or FMT == HOT:  # noqa: SIM109 (no `in` on constexprs in triton)
@@ -158,13 +158,9 @@ def _quantize_store(
         shifts = tl.arange(0, CPG) * BITS
         word = tl.sum(tl.reshape(idx, [BLOCK_R, NG, CPG]) << shifts[None, None, :], axis=2)
         g = tl.arange(0, NG)
-        if TOKEN_MAJOR:  # 4-bit: one byte per group
-            ptr = DST + (bh.to(tl.int64) * NG * stride_d + slots)[:, None] + g[None, :] * stride_d
-            tl.store(ptr, (word & 255).to(tl.uint8), mask=rmask[:, None])
-        else:
-            for k in tl.static_range(BPG):
-                ptr = DST + dst[:, None] * (NG * BPG) + (g * BPG + k)[None, :]
-                tl.store(ptr, ((word >> (8 * k)) & 255).to(tl.uint8), mask=rmask[:, None])
+        for k in tl.static_range(BPG):
+            ptr = DST + dst[:, None] * (NG * BPG) + (g * BPG + k)[None, :]
+            tl.store(ptr, ((word >> (8 * k)) & 255).to(tl.uint8), mask=rmask[:, None])
 
 
 @triton.jit
@@ -241,13 +237,11 @@ def wht_params(dim: int) -> dict:
 
 def buffer_layout(kernel: str, key: str, fmt: str, buf: torch.Tensor) -> int | None:
     """How the kernels index cache buffer `key` (of storage format `fmt`): None for a
-    contiguous [B, H, cap, W]; P for V stored token-major (`reference.token_major`, storage
-    [B, H, W, P]: int8 V, and 4-bit turbo V codes, turbo4-delegated's cold ones too);
-    anything else is refused."""
+    contiguous [B, H, cap, W]; P for int8 V stored token-major (`reference.token_major`,
+    storage [B, H, D, P]); anything else is refused."""
     if buf.is_contiguous():
         return None
-    v_side = key in ("v", "v_codes") and fmt in ("int8", "turbo4", "delegated")
-    stride = token_major_stride(buf) if v_side else None
+    stride = token_major_stride(buf) if key == "v" and fmt == "int8" else None
     if stride is None:
         raise ValueError(f"{kernel} needs contiguous cache buffers [B, H, capacity, ...] ({key!r} is not)")
     return stride

@@ -17,7 +17,6 @@ from typing import ClassVar
 import torch
 
 from kvbench.errors import KvbenchError
-from kvbench.kernels.reference import token_major
 from kvbench.kv import turbo
 from kvbench.kv.base import KVCache, sdpa
 from kvbench.kv.registry import register
@@ -30,7 +29,6 @@ class TurboCache(KVCache):
     v_bits: ClassVar[int | None] = 4
     boundary_v_applies = True
     default_boundary_v = 2
-    v_token_major: ClassVar[bool] = True  # 4-bit V codes stored token-major (see _side_buffers)
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -52,12 +50,10 @@ class TurboCache(KVCache):
         dev = self.device
         if bits is None:
             return {x: torch.empty((*shape, self.head_dim), dtype=self.dtype, device=dev)}
-        packed = (*shape, turbo.packed_dim(self.head_dim, bits))
-        # 4-bit V codes token-major (storage [B, H, D/2, cap]): the decode kernel's p @ V dot
-        # wants tokens contiguous; every view here still sees [B, H, cap, D/2]
-        tm = x == "v" and bits == 4 and self.v_token_major
-        codes = token_major(packed, torch.uint8, dev) if tm else torch.empty(packed, dtype=torch.uint8, device=dev)
-        return {f"{x}_codes": codes, f"{x}_scale": torch.empty((*shape, 1), dtype=torch.float16, device=dev)}
+        return {
+            f"{x}_codes": torch.empty((*shape, turbo.packed_dim(self.head_dim, bits)), dtype=torch.uint8, device=dev),
+            f"{x}_scale": torch.empty((*shape, 1), dtype=torch.float16, device=dev),
+        }
 
     def _write(self, x, bits, start, t):
         """Store `t` tokens of one side into slots [start, start + T)."""
@@ -180,9 +176,6 @@ class Turbo4DelegatedCache(TurboCache):
     summary = "K in the compute dtype, V: last 129-256 tokens fp16, older ones rotated + 4-bit codes"
     HOT_MAX: ClassVar[int] = 256
     FOLD: ClassVar[int] = 128
-    # cold codes row-major: its split kernel's cold loop, token-major, compiled (triton 3.6,
-    # sm_90) without cp.async pipelining, 255 registers and 1.5x the instructions
-    v_token_major: ClassVar[bool] = False
 
     def __init__(self, **kwargs) -> None:
         self.cold_len = 0
