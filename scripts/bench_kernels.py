@@ -311,7 +311,7 @@ def bench_mode(name, b, length, dtype, device, cod, configs, append="none"):
         ws = DecodeWorkspace.for_cache(mode, q, HKV, length, cfg["num_splits"], cfg["block_n"])
         tune = {k: v for k, v in cfg.items() if k not in ("num_splits", "nearest")}
         if tune["num_stages"] is None:  # the launcher's rule, resolved here to be printed
-            base = {**default_config(mode), "block_n": cfg["block_n"]}
+            base = {**default_config(mode, batch=b), "block_n": cfg["block_n"]}
             tune["num_stages"] = launch_stages(base, b * HKV * ws.num_splits, math.ceil(length / ws.num_splits), device)
 
         def call(bufs, ws=ws, tune=tune):
@@ -520,7 +520,7 @@ def run(args):
         rows.append({"batch": b, "context": length, "kernel": "torch-sdpa-fp16", "us": sdpa_us, "kv_bytes": sdpa_bytes})
         print(f"{b:5} {length:7} {'torch-sdpa-fp16':17} {sdpa_us:8.1f} {sdpa_bytes / sdpa_us / 1e6:6.2f} {1:7.2f}")
         for mode in modes:
-            cfg = default_config(kernel_mode(mode)[0])
+            cfg = default_config(kernel_mode(mode)[0], batch=b)
             pps, nearest = cfg.pop("programs_per_sm"), cfg.pop("nearest", False)
             not_split_knobs = ("deep_stages", "deep_any_occupancy", "fuse_append", "reduce_warps", "hot_in_budget")
             not_split_knobs += tuple(VARIANTS_KEYS)

@@ -70,6 +70,11 @@
 #   AK (carry .gpu/whl, after AJ): the GPU tests (kernels, engine, PDL, GEMV); int8 with 4 pipeline stages vs 3, end to end
 #   then `step bench` (carry .gpu/m0) and AM (same machine, carry .gpu/m1 .gpu/whl): the audits beside the GEMV and engine tests
 #   AN (no carry, after AM): the benchmark on another lease; delegated at batch 1 on turbo4-asym's program shape
+#   2026-12-01, seventh session (results/2026-12-01g-h200): two experiments first, each one call at the commit that
+#      holds it: int8 V in contiguous 128-token blocks (timing only, not committed), then c3d76e4's
+#      scripts/exp-ao.sh (4-bit V codes token-major; reverted); then AP and AQ below
+#   AP (carry .gpu/m0 .gpu/whl): delegated's batch-1 shape: its GPU tests, the benchmark
+#   AQ (after AP, same machine, carry .gpu/m1 .gpu/whl): the full audit beside the kernel and engine tests
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -448,6 +453,15 @@ AN)  # after AM (no carry): the benchmark again on another lease; then batch 1 w
     python3 -m kvbench decode-bench --model dummy:llama-3.1-8b --modes fp16,turbo4-delegated --contexts 2k,8k,32k \
     --batch 1 --warmup 8 --gen 64 --repeats 3 --quiet --out $OUT/delegated-128-4-2 > $OUT/AN-delegated.log 2>&1
   echo "delegated rc=$?"; (cd $OUT && tar czf all.tgz bench delegated-128-4-2 AN-*.log) ;;
+AP)  # (carry .gpu/m0 .gpu/whl; 2026-12-01, seventh session) delegated on turbo4-asym's program shape at batch 1 (now
+    # its default there): its kernel and engine tests on the GPU, then the benchmark; the model's first half stays for AQ
+  cp .gpu/m0/* $M/ && wheels
+  KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
+    tests/test_fast_decode.py -k delegated > $OUT/gpu-delegated-tests.txt 2>&1; echo "tests rc=$?"; tail -3 $OUT/gpu-delegated-tests.txt
+  bench1 AP ${BENCH1_TIMEOUT:-260}
+  (cd $OUT && tar czf all.tgz bench AP-bench.log gpu-delegated-tests.txt) ;;
+AQ)  # after AP, same machine (carry .gpu/m1 .gpu/whl): the full audit beside the kernel and engine tests
+  audit_beside_tests AQ AP ;;
 AF)  # after AE (carry .gpu/m0): the model's first half staged for AG
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv; cp .gpu/m0/* $M/ && ls $M ;;
 AG)  # after AF, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel, engine and PDL tests

@@ -283,6 +283,15 @@ def test_launch_stages():
     assert choose_num_splits(16, 8, 32768, programs_per_sm=turbo3["programs_per_sm"]) == 9
 
 
+def test_delegated_batch_one_shape():
+    """Delegated takes turbo4-asym's program shape at batch 1 only (faster there, slower at 16)."""
+    shape = ("block_n", "num_warps", "num_stages")
+    assert [default_config("turbo4-delegated", batch=1)[k] for k in shape] == [128, 4, 2]
+    for batch in (None, 2, 16):
+        assert [default_config("turbo4-delegated", batch=batch)[k] for k in shape] == [64, 2, 3]
+    assert default_config("turbo4-asym", batch=1) == default_config("turbo4-asym")
+
+
 @pytest.mark.parametrize("bits", [3, 4])
 def test_prmt_table_layout(bits):
     """The prmt lookup's table: byte j of word k (k < 4: low bytes, k >= 4: high bytes) is

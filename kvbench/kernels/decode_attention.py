@@ -605,13 +605,14 @@ def choose_num_splits(
     return max(1, min(splits, triton.cdiv(capacity, block_n), 256))
 
 
-def default_config(mode: str, *, overrides: bool = True) -> dict:
+def default_config(mode: str, *, overrides: bool = True, batch: int | None = None) -> dict:
     """Launch defaults per mode, from sweeps on an H200 (Hq=32, Hkv=8, D=128, bf16; B=1 at
     8K and 32K, B=16 at 32K; see scripts/bench_kernels.py --tune [--grid wide]). fp16
     streams best with ~1 program per SM; the quantized formats want 2 or more to hide
     their unpacking. The turbo kernels gain from many short splits at batch 16 (up to 16
     programs per SM, run in waves) and, at batch 1, from a third pipeline stage
     (`deep_stages`: used while the grid leaves room for it, see `launch_stages`).
+    `batch`: the decode batch, where a mode's best shape depends on it (delegated at 1).
 
     The reduction runs one warp per (batch, query head) and stores the fresh token itself
     (`fuse_append`). Measured per kernel on the H200, reduction + write took less time
@@ -630,6 +631,9 @@ def default_config(mode: str, *, overrides: bool = True) -> dict:
         cfg.update(block_n=64, num_warps=2, num_stages=2, programs_per_sm=(4, 16))
     elif mode == "turbo4-delegated":
         cfg.update(block_n=64, num_warps=2, num_stages=3, programs_per_sm=(2, 16))
+        if batch == 1:  # turbo4-asym's program shape: end to end at batch 1, 2K / 8K / 32K, 0.995x / 0.979x /
+            # 0.993x of fp16 against 0.984x / 0.974x / 0.974x (2026-12-01, phase AN); slower at batch 16 (458 vs 438 us)
+            cfg.update(block_n=128, num_warps=4, num_stages=2)
     elif mode == "turbo3-asym":  # 3 stages at any occupancy, <= 8 programs per SM (2026-12-01, fourth session:
         # batch 16, 32K: 440 vs 484 us with 17 splits of 2 stages; 8K: 127-130 vs 142)
         cfg.update(num_stages=2, deep_stages=3, deep_any_occupancy=True, programs_per_sm=(2, 8))
@@ -727,7 +731,7 @@ class DecodeWorkspace:
     def for_cache(cls, mode: str, q: torch.Tensor, n_kv_heads: int, capacity: int, num_splits=None, block_n=None):
         """Workspace for decoding `q` [B, Hq, D] against a cache of `capacity` slots."""
         b, hq, dim = q.shape
-        cfg = default_config(mode)
+        cfg = default_config(mode, batch=b)
         block_n = block_n or cfg["block_n"]
         s = num_splits or choose_num_splits(
             b, n_kv_heads, capacity, block_n, q.device, cfg["programs_per_sm"], cfg.get("nearest", False)
@@ -829,11 +833,11 @@ def decode_attention(
     split kernel has read [0, L), so slot L is free to write; `write_first` (default from
     `default_config`; always, under PDL) stores it before the reduction's merge instead of after.
     """
-    cfg = default_config(mode)
+    b, hq, dim = q.shape
+    cfg = default_config(mode, batch=b)
     block_n = block_n or cfg["block_n"]
     num_warps = num_warps or cfg["num_warps"]
     kf, vf = FORMATS[mode]
-    b, hq, dim = q.shape
     dev = q.device
     k = buffers["k_codes"] if kf == "turbo4" else buffers["k"]
     hkv, cap = k.shape[1], k.shape[2]
