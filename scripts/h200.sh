@@ -76,6 +76,8 @@
 #   AP (carry .gpu/m0 .gpu/whl): delegated's batch-1 shape: its GPU tests, the benchmark
 #   AQ (after AP, same machine, carry .gpu/m1 .gpu/whl): the full audit beside the kernel and engine tests
 #   AR (no carry, another lease): the benchmark again; GPU time per kernel at batch 1, 8K and 32K
+#   AS (carry .gpu/m0), then AT (same machine, carry .gpu/m1 .gpu/whl): the butterfly WHT: the benchmark, then the
+#      full audit beside the kernel and engine tests
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -469,6 +471,11 @@ AR)  # after AQ (no carry): the benchmark again (a second reading of the same co
   timeout 100 python3 scripts/bench_kernels.py --parts --shapes 1x8192,1x32768 --append default --pdl \
     --modes fp16,int8,turbo4-asym,turbo3-asym,turbo4-delegated > $OUT/parts.txt 2>&1; echo "parts rc=$?"; tail -12 $OUT/parts.txt
   (cd $OUT && tar czf all.tgz bench AR-bench.log parts.txt) ;;
+AS)  # (carry .gpu/m0) the Walsh-Hadamard transform as butterfly stages: the benchmark; the model's first half stays
+  cp .gpu/m0/* $M/ && bench1 AS ${BENCH1_TIMEOUT:-260}
+  (cd $OUT && tar czf all.tgz bench AS-bench.log) ;;
+AT)  # after AS, same machine (carry .gpu/m1 .gpu/whl): the full audit beside the kernel and engine tests
+  audit_beside_tests AT AS ;;
 AF)  # after AE (carry .gpu/m0): the model's first half staged for AG
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv; cp .gpu/m0/* $M/ && ls $M ;;
 AG)  # after AF, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel, engine and PDL tests

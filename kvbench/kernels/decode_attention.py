@@ -452,7 +452,7 @@ def _decode_split_kernel(
 def _append_fresh(
     kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV, cap_k, cap_v, v_stride_d,
     G: tl.constexpr, D: tl.constexpr, K_FMT: tl.constexpr, V_FMT: tl.constexpr, V_TOKEN_MAJOR: tl.constexpr,
-    A: tl.constexpr, INV_SQRT_D: tl.constexpr,
+    INV_SQRT_D: tl.constexpr,
 ):  # fmt: skip
     """The fresh token into slot L, in the cache's format: K by the GQA group's first program, V by its last."""
     kv_row = tl.full([1], b * (Hq // G) + h // G, tl.int32)
@@ -460,11 +460,11 @@ def _append_fresh(
     slot = tl.load(LEN)
     if h % G == 0:
         _quantize_store(kn[None, :], kv_row, slot, one, DK, SK, S1K, S2K, CBK, BNK, cap_k, 0, K_FMT, False,
-                        D, 1, A, INV_SQRT_D)  # fmt: skip
+                        D, 1, INV_SQRT_D)  # fmt: skip
     if h % G == G - 1:
         v_slot = slot - tl.load(COLD) if V_FMT == HOT else slot
         _quantize_store(vn[None, :], kv_row, v_slot, one, DV, SV, S1V, S2V, CBV, BNV, cap_v, v_stride_d, V_FMT,
-                        V_TOKEN_MAJOR, D, 1, A, INV_SQRT_D)  # fmt: skip
+                        V_TOKEN_MAJOR, D, 1, INV_SQRT_D)  # fmt: skip
 
 
 @triton.jit
@@ -516,7 +516,6 @@ def _decode_reduce_kernel(
     K_FMT: tl.constexpr,
     V_FMT: tl.constexpr,
     V_TOKEN_MAJOR: tl.constexpr,
-    A: tl.constexpr,
     INV_SQRT_D: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
@@ -533,7 +532,7 @@ def _decode_reduce_kernel(
     if APPEND and WRITE_FIRST:  # independent of the splits: its latency overlaps the merge's loads
         # (with PDL, which always writes first, the split kernel itself)
         _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
-                      cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, A, INV_SQRT_D)  # fmt: skip
+                      cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
     m = tl.sum(q * kn, 0) * qk_scale  # the fresh token starts the merge: m is finite
     pdl_enter(PDL)  # from here on the splits' partial results are read
     l_sum = m * 0.0 + 1.0
@@ -558,13 +557,13 @@ def _decode_reduce_kernel(
             acc_hot = acc_hot * alpha + tl.sum(a * beta[:, None], 0)
         m = m_new
     if ROTATED:  # back from V's rotated basis: s1 * H(s2 * acc)
-        acc = _wht((acc * tl.load(S2 + d))[None, :], 1, D, A, INV_SQRT_D)
+        acc = _wht((acc * tl.load(S2 + d))[None, :], 1, D, INV_SQRT_D)
         acc = tl.reshape(acc, [D]) * tl.load(S1 + d)
     out = (acc + acc_hot + w_new * vn) / l_sum
     if APPEND and not WRITE_FIRST:  # after every load above: a cross-warp reduction's barrier
         # in the write would hold them back (4-warp reductions, 2026-12-01)
         _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
-                      cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, A, INV_SQRT_D)  # fmt: skip
+                      cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
     tl.store(OUT + b * stride_ob + h * stride_oh + d, out.to(OUT.dtype.element_ty))
 
 
@@ -894,7 +893,7 @@ def decode_attention(
         tensors, sizes, consts = write_operands("decode_attention", mode, buffers, dim, *codecs.values())
     else:  # stand-ins, unused
         tensors, sizes = [q] * 12, [0, 0, 0]
-        consts = {"K_FMT": 0, "V_FMT": 0, "V_TOKEN_MAJOR": False, "A": 1, "INV_SQRT_D": 1.0}
+        consts = {"K_FMT": 0, "V_FMT": 0, "V_TOKEN_MAJOR": False, "INV_SQRT_D": 1.0}
     if rotated:  # the write's Walsh-Hadamard parameters are the same (one head dim)
         consts.update(wht_params(dim))
     # with PDL the reduction writes before it waits, i.e. while the split kernel runs
