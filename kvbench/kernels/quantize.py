@@ -30,7 +30,7 @@ def _wht(x, R: tl.constexpr, D: tl.constexpr, INV_SQRT_D: tl.constexpr):
     butterfly stages of pairs (reshape, split, join). The reduction kernel with it took 744
     instructions for a turbo V mode, against 904 with the [8, 16] x [16, 16] broadcast-and-sum
     products it replaced (fp16's: 672; sm_90, triton 3.6, ahead of time)."""
-    for i in tl.static_range(8):
+    for i in tl.static_range(8):  # stage i pairs x[j] with x[j ^ 2^i]; D <= 256 (wht_params)
         if (1 << i) < D:
             y = tl.permute(tl.reshape(x, [R, D // (2 << i), 2, 1 << i]), (0, 1, 3, 2))
             a, b = tl.split(y)
