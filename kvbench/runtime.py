@@ -30,7 +30,9 @@ def pick_device(name: str) -> torch.device:
             raise KvbenchError(f"--device {name}: only {torch.cuda.device_count()} CUDA GPU(s) are visible")
         # Triton launches, CUDA graphs and the memory counters all follow the current
         # device, so a worker on cuda:1 must make it current, not only allocate there.
-        torch.cuda.set_device(dev)
+        # Plain "cuda" means the current device (set_device refuses a device without an index).
+        if dev.index is not None:
+            torch.cuda.set_device(dev)
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 

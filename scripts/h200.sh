@@ -78,6 +78,12 @@
 #   AR (no carry, another lease): the benchmark again; GPU time per kernel at batch 1, 8K and 32K
 #   AS (carry .gpu/m0), then AT (same machine, carry .gpu/m1 .gpu/whl): the butterfly WHT: the benchmark, then the
 #      full audit beside the kernel and engine tests
+#   2026-12-01, eighth session (results/2026-12-01h-h200): first scripts/exp/fold-upper-bound.sh (timing only: the
+#      turbo reductions without their transforms or their write), then scripts/exp/profile.sh (GPU time per kernel
+#      inside the captured step), both at the working tree of 36174fd; then AU and AV below
+#   AU (carry .gpu/m0 .gpu/whl): the merge in one pass past 32 splits, delegated's hot row: the reduction tests on the
+#      GPU, the step's profile at 8K, batch 1, one-pass against two-pass merges end to end, the benchmark
+#   AV (after AU, same machine, carry .gpu/m1 .gpu/whl): the full audit beside the kernel and engine tests
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -476,6 +482,26 @@ AS)  # (carry .gpu/m0) the Walsh-Hadamard transform as butterfly stages: the ben
   (cd $OUT && tar czf all.tgz bench AS-bench.log) ;;
 AT)  # after AS, same machine (carry .gpu/m1 .gpu/whl): the full audit beside the kernel and engine tests
   audit_beside_tests AT AS ;;
+AU)  # (carry .gpu/m0 .gpu/whl; eighth session) the reductions merge up to 64 splits in one pass (2 warps past 32),
+    # delegated's hot split in one row: the reduction's GPU tests, the captured step's profile, then at batch 1 the
+    # one-pass merge against the two-pass one (1 warp, forced), then the benchmark; the model's first half stays for AV
+  cp .gpu/m0/* $M/ && wheels
+  KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py \
+    -k "many_splits or delegated or reduce_warps or B1-Hkv8" > $OUT/gpu-reduce-tests.txt 2>&1; echo "tests rc=$?"; tail -2 $OUT/gpu-reduce-tests.txt
+  timeout 120 python3 scripts/profile_step.py --modes fp16,int8,turbo4-asym,turbo3-asym,turbo4-delegated \
+    --context 8192 --batch 1 > $OUT/profile-8k-b1.txt 2>&1; echo "profile rc=$?"
+  timeout 90 python3 scripts/profile_step.py --modes fp16,int8 --context 32768 --batch 16 --steps 10 \
+    > $OUT/profile-32k-b16.txt 2>&1; echo "profile b16 rc=$?"
+  rw1='{"int8": {"reduce_warps": 1}, "turbo4-asym": {"reduce_warps": 1}, "turbo3-asym": {"reduce_warps": 1}, "turbo4-delegated": {"reduce_warps": 1}}'
+  B4="--model dummy:llama-3.1-8b --modes fp16,int8,turbo4-asym,turbo3-asym,turbo4-delegated --contexts 8k,32k --batch 1 --warmup 8 --gen 64 --repeats 3 --quiet --devices 0"
+  for v in one1 two1 one2; do
+    KVBENCH_ATTN_CONFIG=$([[ $v == two* ]] && echo "$rw1" || echo '{}') timeout 100 python3 -m kvbench decode-bench $B4 \
+      --out $OUT/merge-$v > $OUT/AU-$v.log 2>&1; echo "$v rc=$?"
+  done
+  bench1 AU ${BENCH1_TIMEOUT:-260}
+  (cd $OUT && tar czf all.tgz bench merge-* AU-*.log gpu-reduce-tests.txt profile-*.txt) ;;
+AV)  # after AU, same machine (carry .gpu/m1 .gpu/whl): the full audit beside the kernel and engine tests
+  audit_beside_tests AV AU ;;
 AF)  # after AE (carry .gpu/m0): the model's first half staged for AG
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv; cp .gpu/m0/* $M/ && ls $M ;;
 AG)  # after AF, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel, engine and PDL tests
@@ -488,6 +514,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|AN|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|AN|AP|AQ|AR|AS|AT|AU|AV|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

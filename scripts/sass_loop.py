@@ -85,15 +85,15 @@ def compile_sm90(fn, consts, pointers, table, options, aligned=()):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_reduce(mode: str, append: bool, group: int = 4, dim: int = 128, pdl: bool = False):
-    """The reduction kernel of `mode` (one warp, as launched), with or without the fresh
-    token's write, compiled for sm_90."""
+def compile_reduce(mode: str, append: bool, group: int = 4, dim: int = 128, pdl: bool = False, warps: int = 1):
+    """The reduction kernel of `mode` on `warps` warps (1 up to 32 splits, 2 beyond, as
+    launched), with or without the fresh token's write, compiled for sm_90."""
     kf, vf = FORMATS[mode]
     fn = _decode_reduce_kernel
     cfg = default_config(mode)
     wf = {"float": "float", "int8": "int8", "delegated": "hot"}
     consts = {
-        "G": group, "D": dim, "BLOCK_S": 32, "ROTATED": vf.startswith(("turbo", "delegated")),
+        "G": group, "D": dim, "BLOCK_S": 32 * min(warps, 2), "ROTATED": vf.startswith(("turbo", "delegated")),
         "HAS_HOT": vf == "delegated", "APPEND": append, "WRITE_FIRST": cfg["write_first"] or pdl,
         "K_FMT": FORMAT_IDS[wf.get(kf, kf)], "V_FMT": FORMAT_IDS[wf.get(vf, vf)], "V_TOKEN_MAJOR": vf == "int8",
         **wht_params(dim), "PDL": pdl,
@@ -101,7 +101,7 @@ def compile_reduce(mode: str, append: bool, group: int = 4, dim: int = 128, pdl:
     codes = {"float": "*bf16", "int8": "*i8", "turbo4": "*u8", "turbo3": "*u8", "delegated": "*bf16"}
     pointers = {"Q": "*bf16", "KN": "*bf16", "VN": "*bf16", "OUT": "*bf16", "LEN": "*i32", "COLD": "*i32"}
     pointers.update(DK=codes[kf], DV=codes[vf])
-    return compile_sm90(fn, consts, pointers, lambda name: "*fp32", {"num_warps": cfg["reduce_warps"]})
+    return compile_sm90(fn, consts, pointers, lambda name: "*fp32", {"num_warps": warps})
 
 
 def opcodes(instructions) -> Counter:
@@ -145,6 +145,9 @@ def main():
     ap.add_argument("--block-n", type=int, default=128)
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument(
+        "--reduce-warps", type=int, default=1, help="with --reduce: the reduction's warps (2 merge 64 splits)"
+    )
     ap.add_argument("--int8-dot", choices=("s8", "f16"), help="the int8 kernel's dots (default: default_config's, f16)")
     ap.add_argument(
         "--reduce",
@@ -156,7 +159,7 @@ def main():
     for mode in args.modes.split(","):
         if args.reduce:
             for append in (False, True):
-                body = [op for _, op in instructions(sass_of(compile_reduce(mode, append)))]
+                body = [op for _, op in instructions(sass_of(compile_reduce(mode, append, warps=args.reduce_warps)))]
                 top = ", ".join(f"{op} {n}" for op, n in opcodes(body).most_common(top_n))
                 print(
                     f"{mode} reduction, {'with' if append else 'without'} the append: {len(body)} instructions; {top}"

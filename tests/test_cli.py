@@ -151,3 +151,25 @@ def test_corrupt_model_file_is_one_line(kind, tmp_path, capsys, monkeypatch):
     assert err.startswith("error: ") and "Traceback" not in full, full
     assert "not a readable" in err and bad.name in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("name", "index"), [("cuda", 0), ("cuda:1", 1)])
+def test_device_cuda_with_and_without_index(name, index, monkeypatch):
+    """`--device cuda` is the current GPU: torch.cuda.set_device refuses an index-less device,
+    so only an explicit index is made current (a GPU simulated: this machine has none)."""
+    import torch
+
+    from kvbench.runtime import pick_device
+
+    current = [0]
+
+    def set_device(dev):
+        if torch.device(dev).index is None:
+            raise ValueError("Expected a torch.device with a specified index")
+        current[0] = torch.device(dev).index
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    assert pick_device(name) == torch.device("cuda", index)

@@ -29,6 +29,7 @@ import torch
 from kvbench.kernels import reference as ref
 from kvbench.kernels.decode_attention import (
     DecodeWorkspace,
+    auto_reduce_warps,
     choose_num_splits,
     decode_attention,
     default_config,
@@ -230,6 +231,35 @@ def test_delegated_decode_geometry(hot, seed):
     assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
     err = max_rel(out, expected)
     assert err < tolerance("turbo4-delegated", dtype), f"seed {seed}: max rel error {err:.2e}"
+
+
+@pytest.mark.parametrize("splits", [33, 70])
+@pytest.mark.parametrize("mode", ["fp16", "turbo4-asym", "turbo4-delegated"])
+def test_reduce_merges_many_splits_from_poisoned_workspace(mode, splits, seed):
+    """Past 32 splits the reduction merges on 2 warps, 64 splits a pass (33: one pass, 70: two);
+    delegated's hot split leaves its plane-0 row unwritten and the cold splits their plane-1
+    rows: a NaN-filled workspace shows any read of a row that no split wrote this step."""
+    b, hkv, group, dim, length, cap = 1, 2, 4, 64, 4400, 4500
+    kw = codec_kwargs(mode, dim)
+    cold = length - 150
+    bufs = make_cache(mode, b, hkv, dim, cap, length, cold, F16, kw, "token-major")
+    q = (3 * torch.randn(b, hkv * group, dim)).to(F16)
+    k_new, v_new = random_tokens(b, hkv, 2, dim, F16).unbind(2)
+    ws = DecodeWorkspace.for_cache(mode, q, hkv, cap, num_splits=splits)
+    for t in (ws.m, ws.l, ws.acc):
+        t.fill_(float("nan"))
+    out = torch.full_like(q, float("nan"))
+    args = (mode, q, k_new, v_new, bufs, torch.tensor([length], dtype=torch.int32), 1 / math.sqrt(dim))
+    decode_attention(*args, cold_length=cold, out=out, workspace=ws, **attn_kwargs(kw))
+    expected = ref.decode_attention(*args, cold_length=cold, **attn_kwargs(kw))
+    assert not out.isnan().any(), f"seed {seed}: a workspace row read that no split wrote"
+    err = max_rel(out, expected)
+    assert err < tolerance(mode, F16), f"seed {seed}: max rel error {err:.2e}"
+
+
+def test_reduce_warps_follow_the_split_count():
+    assert [auto_reduce_warps(s) for s in (1, 17, 32, 33, 64, 88)] == [1, 1, 1, 2, 2, 2]
+    assert default_config("turbo4-asym")["reduce_warps"] is None  # None: auto_reduce_warps at launch
 
 
 @pytest.mark.parametrize("mode", ["fp16", "int8", "turbo4"])

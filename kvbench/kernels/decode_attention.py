@@ -440,10 +440,10 @@ def _decode_split_kernel(
     ws = (bh * G + g) * n_splits + split  # workspace row of (batch, query head, split)
     tl.store(WS_M + ws, m_i, mask=gmask)
     tl.store(WS_L + ws, l_i, mask=gmask)
-    if V_FMT == DELEGATED:  # cold tokens' sums in plane 0 (V's rotated basis), hot ones' in plane 1
-        hot = tl.num_programs(0) * G * n_splits * D
-        tl.store(WS_ACC + ws[:, None] * D + d[None, :], tl.where(is_hot, 0.0, acc), mask=gmask[:, None])
-        tl.store(WS_ACC + hot + ws[:, None] * D + d[None, :], tl.where(is_hot, acc, 0.0), mask=gmask[:, None])
+    if V_FMT == DELEGATED:  # the cold splits' sums in plane 0 (V's rotated basis), the hot split's in
+        # plane 1 (only its own rows there, and not in plane 0: the reduction reads each once)
+        plane = tl.where(is_hot, tl.num_programs(0) * G * n_splits * D, 0)
+        tl.store(WS_ACC + plane + ws[:, None] * D + d[None, :], acc, mask=gmask[:, None])
     else:
         tl.store(WS_ACC + ws[:, None] * D + d[None, :], acc, mask=gmask[:, None])
 
@@ -534,11 +534,18 @@ def _decode_reduce_kernel(
         _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
                       cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
     m = tl.sum(q * kn, 0) * qk_scale  # the fresh token starts the merge: m is finite
+    if ROTATED:  # the inverse rotation's signs, loaded before the wait: their latency overlaps it
+        s1 = tl.load(S1 + d)
+        s2 = tl.load(S2 + d)
     pdl_enter(PDL)  # from here on the splits' partial results are read
     l_sum = m * 0.0 + 1.0
     w_new = m * 0.0 + 1.0
     acc = tl.zeros([D], tl.float32)
-    acc_hot = tl.zeros([D], tl.float32)
+    n_cold = n_splits - 1 if HAS_HOT else n_splits  # plane 0's splits (delegated: all but the hot one)
+    if HAS_HOT:  # the hot split's sums: one row of plane 1, weighted once the merge's maximum is known
+        hot_ws = row * n_splits + n_splits - 1
+        m_hot = tl.load(WS_M + hot_ws)
+        acc_hot = tl.load(WS_ACC + tl.num_programs(0) * n_splits * D + hot_ws * D + d)
     for s0 in range(0, n_splits, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         smask = s < n_splits
@@ -549,17 +556,16 @@ def _decode_reduce_kernel(
         beta = tl.math.exp2(ms - m_new)
         l_sum = l_sum * alpha + tl.sum(tl.load(WS_L + ws, mask=smask, other=0.0) * beta, 0)
         w_new = w_new * alpha
-        a = tl.load(WS_ACC + ws[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+        a = tl.load(WS_ACC + ws[:, None] * D + d[None, :], mask=(s < n_cold)[:, None], other=0.0)
         acc = acc * alpha + tl.sum(a * beta[:, None], 0)
-        if HAS_HOT:
-            hot = tl.num_programs(0) * n_splits * D
-            a = tl.load(WS_ACC + hot + ws[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
-            acc_hot = acc_hot * alpha + tl.sum(a * beta[:, None], 0)
         m = m_new
     if ROTATED:  # back from V's rotated basis: s1 * H(s2 * acc)
-        acc = _wht((acc * tl.load(S2 + d))[None, :], 1, D, INV_SQRT_D)
-        acc = tl.reshape(acc, [D]) * tl.load(S1 + d)
-    out = (acc + acc_hot + w_new * vn) / l_sum
+        acc = _wht((acc * s2)[None, :], 1, D, INV_SQRT_D)
+        acc = tl.reshape(acc, [D]) * s1
+    out = acc + w_new * vn
+    if HAS_HOT:
+        out += acc_hot * tl.math.exp2(m_hot - m)
+    out = out / l_sum
     if APPEND and not WRITE_FIRST:  # after every load above: a cross-warp reduction's barrier
         # in the write would hold them back (4-warp reductions, 2026-12-01)
         _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
@@ -613,15 +619,16 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     (`deep_stages`: used while the grid leaves room for it, see `launch_stages`).
     `batch`: the decode batch, where a mode's best shape depends on it (delegated at 1).
 
-    The reduction runs one warp per (batch, query head) and stores the fresh token itself
-    (`fuse_append`). Measured per kernel on the H200, reduction + write took less time
-    that way than with 2 or 4 warps or with a separate write launch, in every mode and
+    The reduction runs one warp per (batch, query head), two past 32 splits so that it
+    merges them in one pass (`auto_reduce_warps`), and stores the fresh token itself
+    (`fuse_append`). Measured per kernel on the H200 before PDL, reduction + write took
+    less time on one warp than on 2 or 4 or with a separate write launch, in every mode and
     shape but one: int8 at 2K, where 4 warps were 0.4 us faster (and 0.7 us slower at
     32K; results/2026-12-01b-h200). fp16 and int8 store it before the merge (`write_first`):
     their reductions took 0.1-0.4 us less at batch 1 that way, the turbo ones 0.1-0.7 us more
     (results/2026-12-01c-h200)."""
     cfg = {"block_n": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": (2, 4)}
-    cfg.update(fuse_append=True, reduce_warps=1)
+    cfg.update(fuse_append=True, reduce_warps=None)  # None: 1 warp up to 32 splits, else 2 (`reduce_warps`)
     if mode == "fp16":
         cfg["programs_per_sm"] = (1, 1)
     elif mode == "int8":  # token-major V: ~2 programs per SM at batch 1 and 16 (2026-11-30 sweep)
@@ -649,6 +656,17 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
 
 
 CONFIG_ENV = "KVBENCH_ATTN_CONFIG"
+
+
+def auto_reduce_warps(num_splits: int) -> int:
+    """Warps of the reduction: each merges 32 splits per pass, so 2 warps merge up to 64 in one.
+
+    After the split kernel ends, the merge is what a layer waits for. At batch 1 every
+    quantized mode runs 33 splits (2 programs per SM), which one warp merged in two
+    dependent passes; the profile of the captured step on the H200 (scripts/profile_step.py,
+    8K, batch 1) put their reductions' end 2.0-2.1 us after the split kernel's, against 1.4
+    us for fp16's 17 splits in one pass."""
+    return 1 if num_splits <= 32 else 2
 
 
 def config_overrides() -> dict:
@@ -888,7 +906,7 @@ def decode_attention(
         if append and fmt.startswith("turbo") and codecs[f"{side}_boundaries"] is None:
             raise ValueError(f"decode_attention(append=True) in mode {mode} needs {side}_boundaries")
     fused = append and (cfg["fuse_append"] if fuse_append is None else fuse_append)
-    reduce_warps = reduce_warps or cfg["reduce_warps"]
+    reduce_warps = reduce_warps or cfg["reduce_warps"] or auto_reduce_warps(s)
     if fused:
         tensors, sizes, consts = write_operands("decode_attention", mode, buffers, dim, *codecs.values())
     else:  # stand-ins, unused
