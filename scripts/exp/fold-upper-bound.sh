@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# EXPERIMENT (working tree): where the turbo reductions' time goes at batch 1
+# EXPERIMENT (timing only): the turbo reductions without their transforms or their write, at batch 1.
+# Ran on the working tree of 36174fd with results/2026-12-01h-h200/experiments/fold-upper-bound/toggles.patch
+# applied (the KVBENCH_EXP switches it adds are not in the committed kernels); results in that folder.
 set -u
 export PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

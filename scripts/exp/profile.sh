@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# GPU time per kernel inside the captured decode step (scripts/profile_step.py), where the targets still miss
+# GPU time per kernel inside the captured decode step (scripts/profile_step.py), where the targets still miss.
+# Ran on the working tree of 36174fd plus the reduction signs loaded before the wait; results in
+# results/2026-12-01h-h200/experiments/profile-before/ (phase AU of scripts/h200.sh repeats it at e688281).
 set -u
 export PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
