@@ -659,13 +659,16 @@ CONFIG_ENV = "KVBENCH_ATTN_CONFIG"
 
 
 def auto_reduce_warps(num_splits: int) -> int:
-    """Warps of the reduction: each merges 32 splits per pass, so 2 warps merge up to 64 in one.
+    """Warps of the reduction: one merges 32 splits per pass, two merge up to 64 in one.
 
     After the split kernel ends, the merge is what a layer waits for. At batch 1 every
     quantized mode runs 33 splits (2 programs per SM), which one warp merged in two
     dependent passes; the profile of the captured step on the H200 (scripts/profile_step.py,
     8K, batch 1) put their reductions' end 2.0-2.1 us after the split kernel's, against 1.4
-    us for fp16's 17 splits in one pass."""
+    us for fp16's 17 splits in one pass. One pass read 0.1-0.2 points of fp16's speed faster
+    end to end than two for int8, turbo4-asym and delegated at 8K, batch 1, and 0.1 slower
+    for turbo3-asym (results/2026-12-01h-h200/experiments/merge-one-vs-two): about the
+    noise, and the reductions' end stayed where it was, so the merge is not what that gap is."""
     return 1 if num_splits <= 32 else 2
 
 
