@@ -71,24 +71,20 @@ def profile_mode(s: Session, mode: str, ctx: int, batch: int, steps: int) -> dic
     dec.step(tok)
     for _ in range(7):
         dec.step()
-    sync = torch.cuda.synchronize if s.device.type == "cuda" else (lambda: None)
-    sync()
+    torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(steps):
         dec.step()
-    sync()
+    torch.cuda.synchronize()
     wall_us = (time.perf_counter() - t0) * 1e6 / steps
-    act = torch.profiler.ProfilerActivity
-    with torch.profiler.profile(activities=[act.CUDA if s.device.type == "cuda" else act.CPU]) as prof:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             dec.step()
-        sync()
+        torch.cuda.synchronize()
     fams: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-    intervals, events = [], []
+    events = []
     for e in prof.events():
-        if s.device.type == "cuda" and getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
-            continue
-        if s.device.type != "cuda" and "kernel" not in e.name:  # a CPU smoke run: the interpreted kernels
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
             continue
         start, dur = e.time_range.start, e.time_range.elapsed_us()
         if dur > 0:
@@ -113,14 +109,12 @@ def profile_mode(s: Session, mode: str, ctx: int, batch: int, steps: int) -> dic
             gap[1] += a - prev_end
         fams[fam][0] += 1
         fams[fam][1] += b - a
-        intervals.append((a, b))
         if prev_end is None or b > prev_end:
             prev_end, last_fam = b, fam
     fams["attn span (rope end -> reduce end)"] = [0, span]
-    busy = union_us(intervals) / steps if intervals else float("nan")
+    busy = union_us([(a, b) for a, b, _ in events]) / steps if events else float("nan")
     del dec, caches
-    if s.device.type == "cuda":
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()
     return {
         "mode": mode,
         "wall_us": wall_us,
@@ -147,6 +141,8 @@ def main() -> None:
         no_fallback=args.no_fallback,
         quiet=True,
     )
+    if not torch.cuda.is_available():
+        sys.exit("error: profile_step.py needs a CUDA GPU (it profiles the CUDA-graph decode step)")
     s = Session.open(cfg, "decode-bench", log=lambda *a, **k: None)
     out = [profile_mode(s, m, args.context, args.batch, args.steps) for m in s.modes]
     names = sorted({f for r in out for f in r["families"]}, key=lambda f: -out[0]["families"].get(f, (0, 0))[1])

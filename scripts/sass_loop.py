@@ -30,7 +30,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvbench.kernels.decode_attention import _decode_reduce_kernel, _decode_split_kernel, default_config
+from kvbench.kernels.decode_attention import _decode_reduce_kernel, _decode_split_kernel, default_config, merge_block
 from kvbench.kernels.quantize import FORMAT_IDS, wht_params
 from kvbench.kernels.reference import FORMATS
 
@@ -93,7 +93,7 @@ def compile_reduce(mode: str, append: bool, group: int = 4, dim: int = 128, pdl:
     cfg = default_config(mode)
     wf = {"float": "float", "int8": "int8", "delegated": "hot"}
     consts = {
-        "G": group, "D": dim, "BLOCK_S": 32 * min(warps, 2), "ROTATED": vf.startswith(("turbo", "delegated")),
+        "G": group, "D": dim, "BLOCK_S": merge_block(warps, 64), "ROTATED": vf.startswith(("turbo", "delegated")),
         "HAS_HOT": vf == "delegated", "APPEND": append, "WRITE_FIRST": cfg["write_first"] or pdl,
         "K_FMT": FORMAT_IDS[wf.get(kf, kf)], "V_FMT": FORMAT_IDS[wf.get(vf, vf)], "V_TOKEN_MAJOR": vf == "int8",
         **wht_params(dim), "PDL": pdl,

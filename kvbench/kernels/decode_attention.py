@@ -672,6 +672,11 @@ def auto_reduce_warps(num_splits: int) -> int:
     return 1 if num_splits <= 32 else 2
 
 
+def merge_block(reduce_warps: int, num_splits: int) -> int:
+    """Splits the reduction merges per pass (its BLOCK_S): 32 a warp, up to 2 warps' worth."""
+    return min(32 * min(reduce_warps, 2), triton.next_power_of_2(num_splits))
+
+
 def config_overrides() -> dict:
     """Launch knobs from the environment, for experiments: `KVBENCH_ATTN_CONFIG` holds JSON
     {mode: {knob: value}} over `default_config`'s keys, e.g.
@@ -923,7 +928,7 @@ def decode_attention(
         q, k_new, v_new, workspace.m, workspace.l, workspace.acc, s1v, s2v, out,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         out.stride(0), out.stride(1), hq, s, qk_scale, *tensors, length, cold, *sizes,
-        G=group, D=dim, BLOCK_S=min(32 * min(reduce_warps, 2), triton.next_power_of_2(s)), ROTATED=rotated,
+        G=group, D=dim, BLOCK_S=merge_block(reduce_warps, s), ROTATED=rotated,
         HAS_HOT=vf == "delegated", APPEND=fused, WRITE_FIRST=write_first,
         num_warps=reduce_warps, **consts, **pdl,
     )  # fmt: skip
