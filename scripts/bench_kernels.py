@@ -239,6 +239,7 @@ VARIANTS = {  # name suffixes (after ":", joined by "+") -> decode_attention lau
     "wlast": {"write_first": False},
     "s8": {"int8_dot": "s8"},  # int8: integer dots of split operands
     "f16": {"int8_dot": "f16"},  # int8: fp16 dots of biased codes
+    "mixed": {"int8_dot": "mixed"},  # int8: integer dots for the scores, fp16 dots of biased codes for V
     "rw1": {"reduce_warps": 1},  # warps per reduction program (2 and 4 merge 64 splits per pass, 1 merges 32)
     "rw2": {"reduce_warps": 2},
     "rw4": {"reduce_warps": 4},

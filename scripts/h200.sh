@@ -84,6 +84,13 @@
 #   AU (carry .gpu/m0 .gpu/whl): the merge in one pass past 32 splits, delegated's hot row: the reduction tests on the
 #      GPU, the step's profile at 8K, batch 1, one-pass against two-pass merges end to end, the benchmark
 #   AV (after AU, same machine, carry .gpu/m1 .gpu/whl): the full audit beside the kernel and engine tests
+#   2026-12-02, ninth session (results/2026-12-02-h200): first scripts/exp/diag9.sh (clocks and power at batch 16,
+#      the one-plane lookup's upper bound, ncu on the split kernels), then scripts/exp/int8-dots.sh (int8's dots:
+#      f16 / mixed / s8), both at the working tree of c00e309 (int8-dots.sh with "mixed" added); then AW and AX below
+#   AW (carry .gpu/m0) int8 scores by integer dots ("mixed", now the default): the int8 write replay of a seed that
+#      failed once on the GPU, then the benchmark; the model's first half stays for AX
+#   AX (after AW, same machine, carry .gpu/m1 .gpu/whl): the audit of fp16 and int8 (the only mode whose numbers
+#      changed) beside the kernel and engine tests
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -117,7 +124,7 @@ step() {
       --out /tmp/smoke --quiet || return 1
     timeout ${BENCH_TIMEOUT:-420} python3 -m kvbench decode-bench $SWEEP --out $OUT/bench ;;
   audit)
-    timeout ${AUDIT_TIMEOUT:-480} python3 -m kvbench audit --model $G --modes all \
+    timeout ${AUDIT_TIMEOUT:-480} python3 -m kvbench audit --model $G --modes ${AUDIT_MODES:-all} \
       --contexts 2k,8k,32k --compare-kernels --kv-cap-check 256 --prefix-reuse --niah --ppl --ppl-windows 1 \
       --ppl-chunk 1024 --out $OUT/audit --quiet ;;
   raw4)
@@ -502,6 +509,14 @@ AU)  # (carry .gpu/m0 .gpu/whl; eighth session) the reductions merge up to 64 sp
   (cd $OUT && tar czf all.tgz bench merge-* AU-*.log gpu-reduce-tests.txt profile-*.txt) ;;
 AV)  # after AU, same machine (carry .gpu/m1 .gpu/whl): the full audit beside the kernel and engine tests
   audit_beside_tests AV AU ;;
+AW)  # (carry .gpu/m0; ninth session) int8 scores by integer dots: the write replay, then the benchmark
+  cp .gpu/m0/* $M/
+  KVBENCH_TEST_DEVICE=cuda timeout 60 python3 scripts/exp/int8_write_check.py 2870484150 20 > $OUT/int8-write-check.txt 2>&1
+  echo "write check rc=$?"; grep -c ": ok" $OUT/int8-write-check.txt; grep -v ": ok" $OUT/int8-write-check.txt | tail -12
+  bench1 AW ${BENCH1_TIMEOUT:-300}
+  (cd $OUT && tar czf all.tgz bench AW-bench.log int8-write-check.txt) ;;
+AX)  # after AW, same machine (carry .gpu/m1 .gpu/whl): the fp16 and int8 audit beside the kernel and engine tests
+  AUDIT_MODES=fp16,int8 AUDIT_TIMEOUT=360 audit_beside_tests AX AW ;;
 AF)  # after AE (carry .gpu/m0): the model's first half staged for AG
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv; cp .gpu/m0/* $M/ && ls $M ;;
 AG)  # after AF, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel, engine and PDL tests
@@ -514,6 +529,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|AN|AP|AQ|AR|AS|AT|AU|AV|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|AN|AP|AQ|AR|AS|AT|AU|AV|AW|AX|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

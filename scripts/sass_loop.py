@@ -56,7 +56,8 @@ def compile_split(
         "G": group, "D": dim, "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
         "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf == "int8",
         "PRECISION": "tf32", "PRMT": kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8",
-        "I8_F16": (int8_dot or default_config(mode)["int8_dot"]) == "f16", "PDL": pdl,
+        "K_F16": (int8_dot or default_config(mode)["int8_dot"]) == "f16",
+        "V_F16": (int8_dot or default_config(mode)["int8_dot"]) != "s8", "PDL": pdl,
     }  # fmt: skip
     table = lambda name: "*i32" if name.startswith("CB") else "*fp32"  # noqa: E731 (prmt tables, float32 scales)
     return compile_sm90(fn, consts, pointers, table, {"num_warps": warps, "num_stages": stages}, ALIGNED_INTS)
@@ -148,7 +149,9 @@ def main():
     ap.add_argument(
         "--reduce-warps", type=int, default=1, help="with --reduce: the reduction's warps (2 merge 64 splits)"
     )
-    ap.add_argument("--int8-dot", choices=("s8", "f16"), help="the int8 kernel's dots (default: default_config's, f16)")
+    ap.add_argument(
+        "--int8-dot", choices=("s8", "f16", "mixed"), help="the int8 kernel's dots (default: default_config's, f16)"
+    )
     ap.add_argument(
         "--reduce",
         action="store_true",

@@ -11,8 +11,8 @@ unwritten element fails.
 Tolerances, max |out - ref| / max |ref| (ref = dequantize in float32, then attention):
 - float32 inputs, fp16 mode: 1e-5 (exact dots); int8 with `int8_dot="s8"`: 5e-4 (q and
   the softmax weights split into two int8 parts, ~15 bits);
-- fp16 inputs, int8 at its default (`int8_dot="f16"`: q and the weights rounded to fp16
-  once) and every turbo mode (fp16 centroids and weights on the tensor cores): 4e-3, i.e.
+- fp16 inputs, int8 at its default (`int8_dot="mixed"`: q split as for s8, the weights
+  rounded to fp16 once; "f16": q rounded to fp16 too) and every turbo mode (fp16 centroids and weights on the tensor cores): 4e-3, i.e.
   a few fp16 roundings of the output (fp16 eps is 9.8e-4).
 """
 
@@ -178,11 +178,12 @@ def test_decode_attention(mode, case, seed):
 
 @pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}-cap{}-{}-s{}".format(*c))
 @pytest.mark.parametrize("int8_v", ["token-major", "row-major"])
-@pytest.mark.parametrize("dot", ["s8", "f16"])
+@pytest.mark.parametrize("dot", ["s8", "f16", "mixed"])
 def test_decode_int8_dots(case, int8_v, dot, seed):
-    """Both int8 kernels, each V layout. "f16" (the default) scores and weights biased codes
-    (code + 1152) in fp16 dots: the bias must cancel exactly (one left in shifts every
-    output by ~1152 * v_scale). "s8": integer dots of q and the weights split in two parts."""
+    """Every int8 kernel, each V layout. "f16" scores and weights biased codes (code + 1152)
+    in fp16 dots: the bias must cancel exactly (one left in shifts every output by
+    ~1152 * v_scale). "s8": integer dots of q and the weights split in two parts. "mixed"
+    (the default): integer dots for the scores, fp16 dots of biased codes for V."""
     dim, dtype = case[3], case[6]
     if GPU and dim < 32:
         pytest.skip("compiled int8 kernels need head_dim >= 32")

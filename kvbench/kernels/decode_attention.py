@@ -7,11 +7,13 @@ Two launches (three for turbo K, which first rotates the query):
    the kernel from the device-side length L, so one fixed grid serves every L (CUDA
    graphs). Online softmax in float32 (log2 units); writes partial (m, l, acc).
    Quantized formats are never dequantized element by element:
-   - int8 K (default, `int8_dot="f16"`): codes become fp16 c + 1152 in registers (byte
-     permutes, exact), scores = (q16 @ (k + 1152)^T - 1152 * sum(q16)) * k_scale;
-     `int8_dot="s8"`: q split into two int8 parts (hi + lo / 254, ~15 bits), integer dots;
-   - int8 V: weights w = p * v_scale, in fp16 against the biased codes (the bias comes
-     off once per output row as 1152 * sum(w)), or split like q for integer dots;
+   - int8 K (default, `int8_dot="mixed"`, and "s8"): q split into two int8 parts
+     (hi + lo / 254, ~15 bits), integer dots on the codes as stored; `int8_dot="f16"`: codes
+     become fp16 c + 1152 in registers (byte permutes, exact),
+     scores = (q16 @ (k + 1152)^T - 1152 * sum(q16)) * k_scale;
+   - int8 V (default, and "f16"): weights w = p * v_scale, in fp16 against the biased codes
+     (the bias comes off once per output row as 1152 * sum(w)); with `int8_dot="s8"` split
+     like q for integer dots;
    - turbo K: scores = k_scale * <q_rot, c[codes]>; turbo V: acc += (p * v_scale) @ c[codes]
      in the rotated basis (codebook gather in registers, fp16 tensor-core dot);
    - delegated V: cold turbo codes for tokens < C, shared by splits 0..S-2, and hot
@@ -245,15 +247,16 @@ def _attend_range(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     PRMT: tl.constexpr,
-    I8_F16: tl.constexpr,
+    K_F16: tl.constexpr,
+    V_F16: tl.constexpr,
 ):
     """Online softmax over tokens [lo, hi): returns updated (m, l, acc, w_i).
 
-    int8 runs one of two ways. I8_F16=False: q and the weights split into two int8 parts,
-    integer tensor-core dots. I8_F16=True: the codes become fp16 (code + 1152, exact, by
-    byte permutes) for fp16 dots with q and the weights in fp16; the bias comes off as
-    1152 * sum(q) per score row and 1152 * w_i, the running sum of the fp16 weights,
-    per output row (subtracted by the caller).
+    int8 K and V each run one of two ways (K_F16, V_F16). False: q (or the weights) split
+    into two int8 parts, integer tensor-core dots. True: the codes become fp16 (code + 1152,
+    exact, by byte permutes) for fp16 dots with q and the weights in fp16; the bias comes off
+    as 1152 * sum(q) per score row and 1152 * w_i, the running sum of the fp16 weights, per
+    output row (subtracted by the caller).
 
     Triton pipelines (cp.async) only loads that feed a dot; the packed codes and
     scales of turbo formats are prefetched here by hand, one block ahead, in registers.
@@ -287,7 +290,7 @@ def _attend_range(
         if K_FMT == FLOAT:
             k = tl.load(K + kr[:, None] * D + d[None, :], mask=mask[:, None], other=0.0)
             s = tl.dot(qa, tl.trans(k), input_precision=PRECISION) * q_unit[:, None]
-        elif K_FMT == INT8 and I8_F16:  # qb holds 1152 * sum(qa) per row, in q_unit's units
+        elif K_FMT == INT8 and K_F16:  # qb holds 1152 * sum(qa) per row, in q_unit's units
             k8 = tl.load(K + kr[:, None] * D + d[None, :], mask=mask[:, None], other=0)
             s = tl.dot(qa, tl.trans(_int8_biased_f16(k8, PRMT))) - qb[:, None]
             s = s * (q_unit[:, None] * tl.load(KS + kr, mask=mask, other=0.0)[None, :])
@@ -316,7 +319,7 @@ def _attend_range(
                 v = tl.trans(tl.load(v_ptr, mask=t[None, :] < v_cap, other=0))
             else:
                 v = tl.load(V + vr[:, None] * D + d[None, :], mask=mask[:, None], other=0)
-            if I8_F16:
+            if V_F16:
                 w = (p * tl.load(VS + vr, mask=mask, other=0.0)[None, :]).to(tl.float16)
                 pv = tl.dot(w, _int8_biased_f16(v, PRMT))
                 w_i = w_i * alpha + tl.sum(w.to(tl.float32), 1)
@@ -362,7 +365,8 @@ def _decode_split_kernel(
     V_TOKEN_MAJOR: tl.constexpr,
     PRECISION: tl.constexpr,
     PRMT: tl.constexpr,
-    I8_F16: tl.constexpr,
+    K_F16: tl.constexpr,
+    V_F16: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
     # grid: (B * Hkv, num_splits): one program per (batch, kv head, split of [0, L)), for all G query heads
@@ -393,7 +397,7 @@ def _decode_split_kernel(
         qa = q.to(K.dtype.element_ty)
         qb = qa
         q_unit = tl.full([BLOCK_G], 1.0, tl.float32) * qk_scale
-    elif K_FMT == INT8 and I8_F16:  # fp16 q in units of a power of two (exact for bf16 q)
+    elif K_FMT == INT8 and K_F16:  # fp16 q in units of a power of two (exact for bf16 q)
         qf = q.to(tl.float32)
         amax = tl.max(tl.abs(qf), 1)
         q_unit = tl.math.exp2(tl.floor(tl.math.log2(tl.where(amax > 0.0, amax, 1.0))) - 8.0)
@@ -422,19 +426,19 @@ def _decode_split_kernel(
             hot_row0 = bh.to(tl.int64) * hot_cap - cold  # token t lives in hot slot t - C
             m_i, l_i, acc, w_i = _attend_range(
                 qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, VH, VS, CBK, CBV,
-                row0, hot_row0, 0, K_FMT, FLOAT, False, D, BLOCK_N, PRECISION, PRMT, False,
+                row0, hot_row0, 0, K_FMT, FLOAT, False, D, BLOCK_N, PRECISION, PRMT, False, False,
             )  # fmt: skip
         else:
             m_i, l_i, acc, w_i = _attend_range(
                 qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
-                row0, row0, 0, K_FMT, TURBO4, False, D, BLOCK_N, PRECISION, PRMT, False,
+                row0, row0, 0, K_FMT, TURBO4, False, D, BLOCK_N, PRECISION, PRMT, False, False,
             )  # fmt: skip
     else:
         m_i, l_i, acc, w_i = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
-            row0, row0, v_cap, K_FMT, V_FMT, V_TOKEN_MAJOR, D, BLOCK_N, PRECISION, PRMT, I8_F16,
+            row0, row0, v_cap, K_FMT, V_FMT, V_TOKEN_MAJOR, D, BLOCK_N, PRECISION, PRMT, K_F16, V_F16,
         )  # fmt: skip
-        if V_FMT == INT8 and I8_F16:
+        if V_FMT == INT8 and V_F16:
             acc -= 1152.0 * w_i[:, None]
 
     ws = (bh * G + g) * n_splits + split  # workspace row of (batch, query head, split)
@@ -647,15 +651,23 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
         cfg.update(num_stages=2, deep_stages=3, programs_per_sm=(2, 16))
     # fp16 and int8 stores are cheap: issued before the merge, they overlap its loads
     cfg["write_first"] = mode in ("fp16", "int8")
-    # int8 K/V: fp16 dots of biased codes ("f16") or integer dots of split operands ("s8"). On the
-    # H200 the split kernel took 22.4 / 265 us with f16 against 24.1 / 285 with s8 at 32K, batch 1 / 16
-    cfg["int8_dot"] = "f16"
+    # int8 K/V: fp16 dots of biased codes ("f16"), integer dots of split operands ("s8"), or integer
+    # dots for K and fp16 dots for V ("mixed": K's codes need no conversion; 761 instructions a block
+    # against f16's 928). On the H200, attention + append at 32K, batch 1 / 16: mixed 26.2 / 276.3 us,
+    # f16 26.2 / 278.2, s8 28.1 / 297.0. Batch 16 runs at the 700 W power cap, where fewer instructions
+    # keep the clock up: end to end at 32K, batch 16, int8 read 1.464x / 1.467x of fp16 with mixed
+    # against 1.430x / 1.435x with f16, alternating on one lease; batch 1 the same within 0.1%
+    # (results/2026-12-02-h200/experiments/int8-dots)
+    cfg["int8_dot"] = "mixed"
     # delegated: the hot window's split counts in the grid's split budget (False: one more on top)
     cfg["hot_in_budget"] = True
     return {**cfg, **config_overrides().get(mode, {})} if overrides else cfg
 
 
 CONFIG_ENV = "KVBENCH_ATTN_CONFIG"
+# the int8 kernel's dots: K / V by fp16 dots of biased codes ("f16"), integer dots of split
+# operands ("s8"), or integer dots for K and fp16 dots for V ("mixed")
+INT8_DOTS = ("f16", "s8", "mixed")
 
 
 def auto_reduce_warps(num_splits: int) -> int:
@@ -891,8 +903,8 @@ def decode_attention(
     qk_scale = sm_scale * LOG2E
     precision = "ieee" if torch.float32 in (q.dtype, k.dtype, v.dtype) else "tf32"
     int8_dot = int8_dot or cfg["int8_dot"]
-    if int8_dot not in ("s8", "f16"):
-        raise ValueError(f"int8_dot must be 's8' or 'f16', got {int8_dot!r}")
+    if int8_dot not in INT8_DOTS:
+        raise ValueError(f"int8_dot must be one of {', '.join(INT8_DOTS)}, got {int8_dot!r}")
 
     v_stride = buffer_layout("decode_attention", "v", vf, v)
 
@@ -904,7 +916,7 @@ def decode_attention(
         q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision, PRMT=prmt,
-        I8_F16=int8_dot == "f16", num_warps=num_warps, num_stages=num_stages, **pdl,
+        K_F16=int8_dot == "f16", V_F16=int8_dot != "s8", num_warps=num_warps, num_stages=num_stages, **pdl,
     )  # fmt: skip
     rotated = vf.startswith(("turbo", "delegated"))
     s1v, s2v = v_signs if rotated else (q, q)
