@@ -62,16 +62,22 @@ def union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def profile_mode(s: Session, mode: str, ctx: int, batch: int, steps: int) -> dict:
+def warm_decoder(s: Session, mode: str, ctx: int, batch: int, capacity: int) -> tuple[FastDecoder, list]:
+    """A FastDecoder over caches of `capacity` filled with `ctx` random tokens (as decode-bench
+    fills them), its graph captured and 8 steps run; and the caches."""
     res = s.resolve(mode)
-    caches = s.caches(res.effective, batch=batch, capacity=ctx + 16 + 3 * steps + 1)
+    caches = s.caches(res.effective, batch=batch, capacity=capacity)
     random_fill(caches, ctx, s.lm.args, s.device, s.dtype)
     dec = FastDecoder(s.lm.model, caches, batch, cuda_graphs=s.cfg.cuda_graphs, pdl=s.cfg.pdl)
-    tok = torch.randint(3, s.lm.args.vocab_size, (batch, 1), device=s.device)
-    dec.step(tok)
+    dec.step(torch.randint(3, s.lm.args.vocab_size, (batch, 1), device=s.device))
     for _ in range(7):
         dec.step()
     torch.cuda.synchronize()
+    return dec, caches
+
+
+def profile_mode(s: Session, mode: str, ctx: int, batch: int, steps: int) -> dict:
+    dec, caches = warm_decoder(s, mode, ctx, batch, ctx + 16 + 3 * steps + 1)
     t0 = time.perf_counter()
     for _ in range(steps):
         dec.step()

@@ -418,8 +418,26 @@ def assert_same_writes(got, want, mode, kw, src, slot, tokens, seed):
                 )
                 a, w = a[~flip], w[~flip]
             torch.testing.assert_close(a, w, rtol=1e-3, atol=0, equal_nan=True, msg=f"seed {seed}: {key}")
-        else:  # int8 codes: exact (ties of x / scale at .5 are round-half-even in both)
-            assert torch.equal(a, w), f"seed {seed}: {key}"
+        else:  # int8 codes: exact outside the written slots, and inside up to ties (below)
+            sl = slice(slot, slot + tokens)
+            assert torch.equal(a[:, :, :slot], w[:, :, :slot]) and torch.equal(
+                a[:, :, slot + tokens :], w[:, :, slot + tokens :]
+            ), f"seed {seed}: {key} written outside its slots"
+            assert_int8_codes_match(a[:, :, sl], w[:, :, sl], src[key].view(a[:, :, sl].shape), seed, key)
+
+
+def assert_int8_codes_match(got, want, x, seed, key):
+    """Written int8 codes equal the reference's, except by one where x / scale sits within
+    float32 error of a rounding tie (k + 0.5): both round half to even, but one ulp of the
+    quotient decides the side. Seen once on the H200: x / scale = -63.500004 by torch, -63
+    from the compiled kernel, -64 from the reference (scripts/exp/int8_write_check.py)."""
+    xf = x.float()
+    scale = xf.abs().amax(-1, keepdim=True) / 127.0
+    y = (xf / torch.where(scale == 0, torch.ones_like(scale), scale)).abs()
+    tie = ((y - y.floor()) - 0.5).abs() < 1e-5 * y.clamp(min=1)
+    diff = (got.int() - want.int()).abs()
+    assert bool((diff[~tie] == 0).all()), f"seed {seed}: {key}: {int((diff[~tie] != 0).sum())} codes differ off a tie"
+    assert bool((diff[tie] <= 1).all()), f"seed {seed}: {key}: a code at a rounding tie is off by more than one"
 
 
 @pytest.mark.parametrize(

@@ -26,10 +26,11 @@ import pynvml
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, for profile_step
 
-from kvbench.bench import random_fill
+from profile_step import warm_decoder
+
 from kvbench.config import BenchConfig
-from kvbench.engine.fast_decode import FastDecoder
 from kvbench.kernels.decode_attention import CONFIG_ENV
 from kvbench.session import Session
 
@@ -85,16 +86,8 @@ def probe(s: Session, name: str, ctx: int, batch: int, seconds: float) -> None:
         os.environ[CONFIG_ENV] = json.dumps({mode: {key: value}})
     else:
         os.environ.pop(CONFIG_ENV, None)
-    res = s.resolve(mode)
     steps_cap = 1000
-    caches = s.caches(res.effective, batch=batch, capacity=ctx + steps_cap)
-    random_fill(caches, ctx, s.lm.args, s.device, s.dtype)
-    dec = FastDecoder(s.lm.model, caches, batch, cuda_graphs=s.cfg.cuda_graphs, pdl=s.cfg.pdl)
-    tok = torch.randint(3, s.lm.args.vocab_size, (batch, 1), device=s.device)
-    dec.step(tok)
-    for _ in range(7):
-        dec.step()
-    torch.cuda.synchronize()
+    dec, caches = warm_decoder(s, mode, ctx, batch, ctx + steps_cap)
     # back to back, for about `seconds`
     with Sampler() as smp:
         n, t0 = 0, time.perf_counter()
