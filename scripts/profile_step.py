@@ -62,6 +62,15 @@ def union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def open_session(model: str, modes: list[str], ctx: int, batch: int, script: str, no_fallback: bool = False):
+    """decode-bench's Session for one context and batch, quiet; a one-line exit without a GPU."""
+    if not torch.cuda.is_available():
+        sys.exit(f"error: {script} needs a CUDA GPU (it runs the CUDA-graph decode step)")
+    cfg = BenchConfig(model=model, modes=modes, contexts=[ctx], batch=[batch], device="auto",
+                      no_fallback=no_fallback, quiet=True)  # fmt: skip
+    return Session.open(cfg, "decode-bench", log=lambda *a, **k: None)
+
+
 def warm_decoder(s: Session, mode: str, ctx: int, batch: int, capacity: int) -> tuple[FastDecoder, list]:
     """A FastDecoder over caches of `capacity` filled with `ctx` random tokens (as decode-bench
     fills them), its graph captured and 8 steps run; and the caches."""
@@ -138,18 +147,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--no-fallback", action="store_true")
     args = ap.parse_args()
-    cfg = BenchConfig(
-        model=args.model,
-        modes=args.modes.split(","),
-        contexts=[args.context],
-        batch=[args.batch],
-        device="auto",
-        no_fallback=args.no_fallback,
-        quiet=True,
-    )
-    if not torch.cuda.is_available():
-        sys.exit("error: profile_step.py needs a CUDA GPU (it profiles the CUDA-graph decode step)")
-    s = Session.open(cfg, "decode-bench", log=lambda *a, **k: None)
+    s = open_session(args.model, args.modes.split(","), args.context, args.batch, "profile_step.py", args.no_fallback)
     out = [profile_mode(s, m, args.context, args.batch, args.steps) for m in s.modes]
     names = sorted({f for r in out for f in r["families"]}, key=lambda f: -out[0]["families"].get(f, (0, 0))[1])
     print(f"# {s.device}, {args.model}, context {args.context}, batch {args.batch}, "

@@ -30,7 +30,13 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvbench.kernels.decode_attention import _decode_reduce_kernel, _decode_split_kernel, default_config, merge_block
+from kvbench.kernels.decode_attention import (
+    _decode_reduce_kernel,
+    _decode_split_kernel,
+    default_config,
+    int8_dot_flags,
+    merge_block,
+)
 from kvbench.kernels.quantize import FORMAT_IDS, wht_params
 from kvbench.kernels.reference import FORMATS
 
@@ -56,8 +62,7 @@ def compile_split(
         "G": group, "D": dim, "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
         "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf == "int8",
         "PRECISION": "tf32", "PRMT": kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8",
-        "K_F16": (int8_dot or default_config(mode)["int8_dot"]) == "f16",
-        "V_F16": (int8_dot or default_config(mode)["int8_dot"]) != "s8", "PDL": pdl,
+        **int8_dot_flags(int8_dot or default_config(mode)["int8_dot"]), "PDL": pdl,
     }  # fmt: skip
     table = lambda name: "*i32" if name.startswith("CB") else "*fp32"  # noqa: E731 (prmt tables, float32 scales)
     return compile_sm90(fn, consts, pointers, table, {"num_warps": warps, "num_stages": stages}, ALIGNED_INTS)

@@ -670,6 +670,13 @@ CONFIG_ENV = "KVBENCH_ATTN_CONFIG"
 INT8_DOTS = ("f16", "s8", "mixed")
 
 
+def int8_dot_flags(int8_dot: str) -> dict:
+    """The split kernel's K_F16 / V_F16 constexprs for an `int8_dot` choice (checked)."""
+    if int8_dot not in INT8_DOTS:
+        raise ValueError(f"int8_dot must be one of {', '.join(INT8_DOTS)}, got {int8_dot!r}")
+    return {"K_F16": int8_dot == "f16", "V_F16": int8_dot != "s8"}
+
+
 def auto_reduce_warps(num_splits: int) -> int:
     """Warps of the reduction: one merges 32 splits per pass, two merge up to 64 in one.
 
@@ -902,9 +909,7 @@ def decode_attention(
         q_score = rotate(q, *k_signs, out=workspace.q_rot)
     qk_scale = sm_scale * LOG2E
     precision = "ieee" if torch.float32 in (q.dtype, k.dtype, v.dtype) else "tf32"
-    int8_dot = int8_dot or cfg["int8_dot"]
-    if int8_dot not in INT8_DOTS:
-        raise ValueError(f"int8_dot must be one of {', '.join(INT8_DOTS)}, got {int8_dot!r}")
+    dots = int8_dot_flags(int8_dot or cfg["int8_dot"])
 
     v_stride = buffer_layout("decode_attention", "v", vf, v)
 
@@ -916,7 +921,7 @@ def decode_attention(
         q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision, PRMT=prmt,
-        K_F16=int8_dot == "f16", V_F16=int8_dot != "s8", num_warps=num_warps, num_stages=num_stages, **pdl,
+        **dots, num_warps=num_warps, num_stages=num_stages, **pdl,
     )  # fmt: skip
     rotated = vf.startswith(("turbo", "delegated"))
     s1v, s2v = v_signs if rotated else (q, q)

@@ -28,9 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/, for profile_step
 
-from profile_step import warm_decoder
+from profile_step import open_session, warm_decoder
 
-from kvbench.config import BenchConfig
 from kvbench.kernels.decode_attention import CONFIG_ENV
 from kvbench.session import Session
 
@@ -122,14 +121,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=6.0)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("error: clock_probe.py needs a CUDA GPU")
     modes = args.modes.split(",")
-    plain = sorted({m.partition(":")[0] for m in modes}, key=[m.partition(":")[0] for m in modes].index)
-    cfg = BenchConfig(model=args.model, modes=plain, contexts=[args.context],
-                      batch=[args.batch], device="auto", quiet=True)  # fmt: skip
-    s = Session.open(cfg, "decode-bench", log=lambda *a, **k: None)
-    h = pynvml.nvmlDeviceGetHandleByIndex(0) if pynvml.nvmlInit() is None else None
+    plain = list(dict.fromkeys(m.partition(":")[0] for m in modes))
+    s = open_session(args.model, plain, args.context, args.batch, "clock_probe.py")
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
     print(f"# {torch.cuda.get_device_name()}, max SM clock {pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)} "
           f"MHz, power limit {pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000:.0f} W; context {args.context}, batch {args.batch}")  # fmt: skip
     for m in modes:

@@ -43,8 +43,7 @@ def one_plane_asm(kind: str) -> str:
 
 kind = os.environ.get("LUT", "exact")
 if kind in ("g7", "g8"):
-    da._PRMT_ASM4 = tl.constexpr(one_plane_asm(kind))
-    da._centroids_prmt.fn.__globals__["_PRMT_ASM4"] = da._PRMT_ASM4
+    da._PRMT_ASM4 = tl.constexpr(one_plane_asm(kind))  # the module's globals, which the JIT reads at compile time
 elif kind != "exact":
     sys.exit(f"LUT must be exact, g7 or g8, got {kind!r}")
 print(f"[lut_upper_bound] 4-bit lookup: {kind}", file=sys.stderr)
