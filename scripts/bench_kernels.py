@@ -243,6 +243,10 @@ VARIANTS = {  # name suffixes (after ":", joined by "+") -> decode_attention lau
     "rw1": {"reduce_warps": 1},  # warps per reduction program (2 and 4 merge 64 splits per pass, 1 merges 32)
     "rw2": {"reduce_warps": 2},
     "rw4": {"reduce_warps": 4},
+    "lazy": {"rescale_tau": 8.0},  # the online softmax rescales only when a row's maximum rose by > 8 (log2)
+    "eager": {"rescale_tau": 0.0},  # ... at every block
+    "defer": {"defer_sums": True},  # the weights summed per element, over tokens once after the loop
+    "nodefer": {"defer_sums": False},
 }
 
 

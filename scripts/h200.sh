@@ -91,6 +91,12 @@
 #      failed once on the GPU, then the benchmark; the model's first half stays for AX
 #   AX (after AW, same machine, carry .gpu/m1 .gpu/whl): the audit of fp16 and int8 (the only mode whose numbers
 #      changed) beside the kernel and engine tests
+# Tenth session (2026-12-02, results/2026-12-02b-h200): scripts/exp/lazy-rescale.sh PART=1 (no carry) on the
+#   working tree before the defaults changed; then AY and AZ:
+#   AY (carry .gpu/m0) the lazy rescale and deferred sums as defaults: end to end against the eager softmax
+#      (lazy-rescale.sh PART=2), then the benchmark; the model's first half stays for AZ
+#   AZ (after AY, same machine, carry .gpu/m1 .gpu/whl): the audit of fp16, int8 and turbo3-asym (the modes
+#      whose kernels changed) beside the kernel and engine tests
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -517,6 +523,15 @@ AW)  # (carry .gpu/m0; ninth session) int8 scores by integer dots: the write rep
   (cd $OUT && tar czf all.tgz bench AW-bench.log int8-write-check.txt) ;;
 AX)  # after AW, same machine (carry .gpu/m1 .gpu/whl): the fp16 and int8 audit beside the kernel and engine tests
   AUDIT_MODES=fp16,int8 AUDIT_TIMEOUT=360 audit_beside_tests AX AW ;;
+AY)  # (carry .gpu/m0; tenth session) the online softmax's lazy rescale and deferred sums as the new defaults
+    # (fp16, int8, turbo3-asym): end to end against the old eager softmax, then the benchmark
+  cp .gpu/m0/* $M/
+  PART=2 timeout ${AY1_TIMEOUT:-360} bash scripts/exp/lazy-rescale.sh
+  bench1 AY ${BENCH1_TIMEOUT:-220}
+  (cd $OUT && tar czf all.tgz bench AY-bench.log lazy-rescale-2.tgz) ;;
+AZ)  # after AY, same machine (carry .gpu/m1 .gpu/whl): the audit of the modes whose kernels changed beside the
+    # kernel and engine tests
+  AUDIT_MODES=fp16,int8,turbo3-asym AUDIT_TIMEOUT=360 audit_beside_tests AZ AY ;;
 AF)  # after AE (carry .gpu/m0): the model's first half staged for AG
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv; cp .gpu/m0/* $M/ && ls $M ;;
 AG)  # after AF, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel, engine and PDL tests

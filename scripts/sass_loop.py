@@ -53,6 +53,8 @@ def compile_split(
     dim: int = 128,
     int8_dot: str | None = None,
     pdl: bool = False,
+    rescale_tau: float | None = None,
+    defer_sums: bool | None = None,
 ):
     """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned."""
     kf, vf = FORMATS[mode]
@@ -63,6 +65,8 @@ def compile_split(
         "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf == "int8",
         "PRECISION": "tf32", "PRMT": kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8",
         **int8_dot_flags(int8_dot or default_config(mode)["int8_dot"]), "PDL": pdl,
+        "RESCALE_TAU": float(default_config(mode)["rescale_tau"] if rescale_tau is None else rescale_tau),
+        "DEFER_SUMS": bool(default_config(mode)["defer_sums"] if defer_sums is None else defer_sums),
     }  # fmt: skip
     table = lambda name: "*i32" if name.startswith("CB") else "*fp32"  # noqa: E731 (prmt tables, float32 scales)
     return compile_sm90(fn, consts, pointers, table, {"num_warps": warps, "num_stages": stages}, ALIGNED_INTS)
@@ -158,6 +162,12 @@ def main():
         "--int8-dot", choices=("s8", "f16", "mixed"), help="the int8 kernel's dots (default: default_config's, f16)"
     )
     ap.add_argument(
+        "--rescale-tau", type=float, help="the online softmax's lazy rescale threshold (default: default_config's)"
+    )
+    ap.add_argument(
+        "--defer-sums", type=int, choices=(0, 1), help="sum the weights once after the loop (default: default_config's)"
+    )
+    ap.add_argument(
         "--reduce",
         action="store_true",
         help="the reduction kernel instead: all its instructions (cold paths included), with and without the append",
@@ -173,7 +183,15 @@ def main():
                     f"{mode} reduction, {'with' if append else 'without'} the append: {len(body)} instructions; {top}"
                 )
             continue
-        kernel = compile_split(mode, args.block_n, args.warps, args.stages, int8_dot=args.int8_dot)
+        kernel = compile_split(
+            mode,
+            args.block_n,
+            args.warps,
+            args.stages,
+            int8_dot=args.int8_dot,
+            rescale_tau=args.rescale_tau,
+            defer_sums=None if args.defer_sums is None else bool(args.defer_sums),
+        )
         print(f"{mode}: shared memory {kernel.metadata.shared // 1024} KB, {registers(kernel)} registers per thread")
         for lo, hi, body in loops(sass_of(kernel)):
             top = ", ".join(f"{op} {n}" for op, n in opcodes(body).most_common(top_n))

@@ -193,6 +193,20 @@ def test_decode_int8_dots(case, int8_v, dot, seed):
     assert err < tolerance("int8:" + dot, dtype), f"seed {seed}: max rel error {err:.2e}"
 
 
+@pytest.mark.parametrize("defer", [False, True])
+@pytest.mark.parametrize("tau", [1.0, 8.0])
+@pytest.mark.parametrize("mode", ref.MODES)
+def test_decode_lazy_rescale(mode, tau, defer, seed):
+    """The online softmax that rescales only when a row's maximum rose by more than tau
+    (weights up to 2^tau against a stale maximum), with or without the weights summed once
+    after the loop: 16-token blocks, so each split runs many of them and the maximum
+    rises inside the loop (tau = 1: rescaled often; tau = 8: seldom)."""
+    case = (1, 2, 4, 64, 300, 333, F16, 2)
+    out, expected = run_decode(mode, *case, block_n=16, rescale_tau=tau, defer_sums=defer)
+    err = max_rel(out, expected)
+    assert err < tolerance(mode, F16), f"seed {seed}: {mode} tau={tau} defer={defer}: max rel err {err:.2e}"
+
+
 def test_decode_int8_dot_checked():
     q = torch.zeros(1, 1, 32)
     bufs = {"k": torch.zeros(1, 1, 4, 32, dtype=torch.int8), "k_scale": torch.ones(1, 1, 4)}

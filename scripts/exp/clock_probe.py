@@ -14,6 +14,7 @@ CUDA events), and NVML samples (every 20 ms) of the SM clock, the power and the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -82,6 +83,8 @@ def probe(s: Session, name: str, ctx: int, batch: int, seconds: float) -> None:
     mode, _, knob = name.partition(":")
     if knob:
         key, _, value = knob.partition("=")
+        with contextlib.suppress(ValueError):  # numbers and booleans as JSON ("8", "true"), else a string
+            value = json.loads(value)
         os.environ[CONFIG_ENV] = json.dumps({mode: {key: value}})
     else:
         os.environ.pop(CONFIG_ENV, None)
