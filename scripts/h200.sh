@@ -97,6 +97,7 @@
 #      (lazy-rescale.sh PART=2), then the benchmark; the model's first half stays for AZ
 #   AZ (after AY, same machine, carry .gpu/m1 .gpu/whl): the audit of fp16, int8 and turbo3-asym (the modes
 #      whose kernels changed) beside the kernel and engine tests
+#   then scripts/exp/int8-b16-sweep.sh (no carry): int8's launch shapes end to end at 32K, batch 16
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A

@@ -5,7 +5,9 @@ Two launches (three for turbo K, which first rotates the query):
 1. `_decode_split_kernel`: one program per (batch, kv head, split) serves the whole
    GQA query group, so every K/V byte is read once. Its token range is computed in
    the kernel from the device-side length L, so one fixed grid serves every L (CUDA
-   graphs). Online softmax in float32 (log2 units); writes partial (m, l, acc).
+   graphs). Online softmax in float32 (log2 units), rescaled lazily where `default_config`
+   says so (only when a row's maximum rose by more than `rescale_tau`); writes partial
+   (m, l, acc).
    Quantized formats are never dequantized element by element:
    - int8 K (default, `int8_dot="mixed"`, and "s8"): q split into two int8 parts
      (hi + lo / 254, ~15 bits), integer dots on the codes as stored; `int8_dot="f16"`: codes
@@ -255,6 +257,12 @@ def _attend_range(
 ):
     """Online softmax over tokens [lo, hi): returns updated (m, l, acc, w_i).
 
+    RESCALE_TAU > 0: the sums are rescaled only when some row's block maximum exceeds the
+    running one by more than it (log2 units), else the weights are taken against the stale
+    maximum (exact; they stay below 2^RESCALE_TAU). DEFER_SUMS: the weights (and int8's
+    fp16 weights) are summed per element and over tokens once after the loop, so no block
+    pays a cross-warp reduction for them.
+
     int8 K and V each run one of two ways (K_F16, V_F16). False: q (or the weights) split
     into two int8 parts, integer tensor-core dots. True: the codes become fp16 (code + 1152,
     exact, by byte permutes) for fp16 dots with q and the weights in fp16; the bias comes off
@@ -455,12 +463,14 @@ def _decode_split_kernel(
             hot_row0 = bh.to(tl.int64) * hot_cap - cold  # token t lives in hot slot t - C
             m_i, l_i, acc, w_i = _attend_range(
                 qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, VH, VS, CBK, CBV,
-                row0, hot_row0, 0, K_FMT, FLOAT, False, D, BLOCK_N, PRECISION, PRMT, False, False, BLOCK_G, RESCALE_TAU, DEFER_SUMS,
+                row0, hot_row0, 0, K_FMT, FLOAT, False, D, BLOCK_N, PRECISION, PRMT, False, False,
+                BLOCK_G, RESCALE_TAU, DEFER_SUMS,
             )  # fmt: skip
         else:
             m_i, l_i, acc, w_i = _attend_range(
                 qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
-                row0, row0, 0, K_FMT, TURBO4, False, D, BLOCK_N, PRECISION, PRMT, False, False, BLOCK_G, RESCALE_TAU, DEFER_SUMS,
+                row0, row0, 0, K_FMT, TURBO4, False, D, BLOCK_N, PRECISION, PRMT, False, False,
+                BLOCK_G, RESCALE_TAU, DEFER_SUMS,
             )  # fmt: skip
     else:
         m_i, l_i, acc, w_i = _attend_range(
@@ -697,11 +707,11 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # barriers, more registers). On the H200 (results/2026-12-02b-h200/experiments/lazy-rescale),
     # end to end on one lease: int8 at 32K, batch 16 read 1.493x of fp16 with both (fp16 with both
     # too) against 1.438x with neither; turbo3-asym at batch 16 rose 1.7-2.0 points with the lazy
-    # rescale alone; turbo4-asym, turbo4 and delegated lost 0.3-1.2 points with it (their kernels
+    # rescale alone; turbo4-asym, turbo4 and delegated lost 0.1-1.2 points with it (their kernels
     # 1.5-2.7% slower at batch 16, 32K), so they keep the eager one. Ahead of time (sm_90, triton
     # 3.6): int8 759 -> 719 instructions a block, 9 -> 5 barriers; fp16 621 -> 587. The weights reach
     # 2^tau, and int8 and turbo V take them times the token's scale in fp16 (max 65504): tau = 8 holds int8
-    # values up to |v| ~ 32000; turbo3-asym's tau = 6 holds V norms up to ~1000 (8 was measured; 6 in AY).
+    # values up to |v| ~ 32000; turbo3-asym's tau = 6 holds V norms up to ~1000 (measured at 8, then at 6).
     lazy, defer = {"fp16": (8.0, True), "int8": (8.0, True), "turbo3-asym": (6.0, False)}.get(mode, (0.0, False))
     cfg.update(rescale_tau=lazy, defer_sums=defer)
     return {**cfg, **config_overrides().get(mode, {})} if overrides else cfg
