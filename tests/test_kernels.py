@@ -85,14 +85,15 @@ def random_tokens(b, h, t, dim, dtype):
     return x.to(dtype)
 
 
-def make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw, int8_v="token-major"):
-    """Buffers in the mode's format holding `length` random tokens; poison everywhere else.
-    int8 V is stored as the int8 cache stores it (token-major, storage padded with garbage)
-    or, with int8_v="row-major", as a contiguous [B, H, cap, D]."""
+def make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw, int8_v="token-major", given=None):
+    """Buffers in the mode's format holding `length` random tokens (or `given` {"k": .., "v": ..},
+    [B, H, cap, D]); poison everywhere else. int8 V is stored as the int8 cache stores it
+    (token-major, storage padded with garbage) or, with int8_v="row-major", as a contiguous
+    [B, H, cap, D]."""
     kf, vf = ref.FORMATS[mode]
     bufs = {}
     for x, fmt in (("k", kf), ("v", vf)):
-        tokens = random_tokens(b, hkv, cap, dim, dtype)
+        tokens = given[x].to(dtype) if given else random_tokens(b, hkv, cap, dim, dtype)
         if fmt == "float":
             bufs[x] = tokens
         elif fmt == "int8":
@@ -205,6 +206,32 @@ def test_decode_lazy_rescale(mode, tau, defer, seed):
     out, expected = run_decode(mode, *case, block_n=16, rescale_tau=tau, defer_sums=defer)
     err = max_rel(out, expected)
     assert err < tolerance(mode, F16), f"seed {seed}: {mode} tau={tau} defer={defer}: max rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("mode,tau,v_max", [("int8", 8.0, 30000.0), ("turbo3-asym", 6.0, 900.0)])
+def test_decode_lazy_rescale_weight_bound(mode, tau, v_max, seed):
+    """The bound `default_config` states for the lazy rescale: the weights reach 2^tau against a
+    stale maximum and int8 / turbo V round them to fp16 times the token's scale. Here one token
+    in the third block scores tau - 0.1 (log2 units) above the first block's maximum, and V
+    is large (int8: |v| up to v_max; turbo3-asym: norms up to v_max): still finite and exact."""
+    dim, cap, length = 64, 80, 64
+    sm_scale = 1 / math.sqrt(dim)
+    q = torch.zeros(1, 1, dim)
+    q[..., 0] = 1.0
+    k = 0.01 * torch.randn(1, 1, cap, dim)
+    k[:, :, 40, 0] = (tau - 0.1) / (sm_scale * math.log2(math.e))  # others score ~0: p(40) ~ 2^(tau - 0.1)
+    v = torch.randn(1, 1, cap, dim)
+    v = v * (v_max / (v.abs().amax(-1, keepdim=True) if mode == "int8" else v.norm(dim=-1, keepdim=True)))
+    kw = codec_kwargs(mode, dim)
+    bufs = make_cache(mode, 1, 1, dim, cap, length, 0, F16, kw, given={"k": k, "v": v})
+    k_new, v_new = random_tokens(1, 1, 2, dim, F16).unbind(2)
+    args = (mode, q.to(F16), k_new, v_new, bufs, torch.tensor([length], dtype=torch.int32), sm_scale)
+    out = torch.full_like(args[1], float("nan"))
+    decode_attention(*args, out=out, num_splits=1, block_n=16, rescale_tau=tau, **attn_kwargs(kw))
+    expected = ref.decode_attention(*args, **attn_kwargs(kw))
+    assert out.isfinite().all(), f"seed {seed}: {mode} tau={tau}: fp16 weights overflowed"
+    err = max_rel(out, expected)
+    assert err < tolerance(mode, F16), f"seed {seed}: {mode} tau={tau}: max rel err {err:.2e}"
 
 
 def test_decode_int8_dot_checked():
