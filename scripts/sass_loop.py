@@ -7,8 +7,9 @@ sm_90 on any machine (no GPU: triton's bundled ptxas and nvdisasm do the work).
     python scripts/sass_loop.py --reduce --modes fp16,turbo4-asym   # the reduction kernel, whole
 
 Prints, per mode, shared memory and, for each backward branch (a loop), its
-instruction count and the most frequent opcodes. The compiler is the local triton's
-(3.8 on the CPU machine), not the GPU machine's 3.6, unless a triton 3.6 sits first
+instruction count (and the count with no conditional block taken: the path of a block
+that needs no lazy rescale), its barriers, and the most frequent opcodes. The compiler
+is the local triton's (3.8 on the CPU machine), not the GPU machine's 3.6, unless a triton 3.6 sits first
 on the path (`pip install --target DIR triton==3.6.0; PYTHONPATH=DIR python ...`):
 use the counts for direction and size, and time the change on the GPU.
 """
@@ -137,7 +138,9 @@ def instructions(sass: str, labels: dict | None = None):
 
 
 def loops(sass: str):
-    """[(start, end, [instructions])] for every backward branch in nvdisasm output."""
+    """[(start, end, [instructions], skippable)] for every backward branch in nvdisasm output;
+    skippable: the instructions that conditional forward branches inside the loop jump over
+    (a lazy rescale's body), so len(instructions) - skippable is the path taken when none runs."""
     labels = {}
     ins = instructions(sass, labels)
     out = []
@@ -145,7 +148,13 @@ def loops(sass: str):
         m = re.search(r"BRA.*`\(\.(L_x_\d+)\)", op)
         if m and labels.get(m.group(1), addr) < addr:
             lo = labels[m.group(1)]
-            out.append((lo, addr, [o for a, o in ins if lo <= a <= addr]))
+            body = [(a, o) for a, o in ins if lo <= a <= addr]
+            skips = set()
+            for a, o in body:
+                f = re.match(r"@!?U?P\w+\s+BRA.*`\(\.(L_x_\d+)\)", o)
+                if f and a < labels.get(f.group(1), a) <= addr:
+                    skips.update(b for b, _ in body if a < b < labels[f.group(1)])
+            out.append((lo, addr, [o for _, o in body], len(skips)))
     return out
 
 
@@ -193,9 +202,13 @@ def main():
             defer_sums=None if args.defer_sums is None else bool(args.defer_sums),
         )
         print(f"{mode}: shared memory {kernel.metadata.shared // 1024} KB, {registers(kernel)} registers per thread")
-        for lo, hi, body in loops(sass_of(kernel)):
+        for lo, hi, body, skippable in loops(sass_of(kernel)):
             top = ", ".join(f"{op} {n}" for op, n in opcodes(body).most_common(top_n))
-            print(f"  loop {lo:#06x}-{hi:#06x}: {len(body)} instructions; {top}")
+            bars = sum("BAR.SYNC" in op for op in body)
+            print(
+                f"  loop {lo:#06x}-{hi:#06x}: {len(body)} instructions ({len(body) - skippable} with no "
+                f"conditional block taken), {bars} barriers; {top}"
+            )
 
 
 def _cubin_tool(kernel, tool: str, *args: str, check: bool = True) -> str:
