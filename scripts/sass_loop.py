@@ -8,9 +8,10 @@ sm_90 on any machine (no GPU: triton's bundled ptxas and nvdisasm do the work).
 
 Prints, per mode, shared memory and, for each backward branch (a loop), its
 instruction count (and the count with no conditional block taken: the path of a block
-that needs no lazy rescale), its barriers, and the most frequent opcodes. The compiler
-is the local triton's (3.8 on the CPU machine), not the GPU machine's 3.6, unless a triton 3.6 sits first
-on the path (`pip install --target DIR triton==3.6.0; PYTHONPATH=DIR python ...`):
+that needs no lazy rescale), its barriers, and the most frequent opcodes. The
+compiler is the local triton's (3.8 on the CPU machine), not the GPU machine's 3.6,
+unless a triton 3.6 sits first on the path
+(`pip install --target DIR triton==3.6.0; PYTHONPATH=DIR python ...`):
 use the counts for direction and size, and time the change on the GPU.
 """
 
@@ -59,15 +60,16 @@ def compile_split(
 ):
     """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned."""
     kf, vf = FORMATS[mode]
+    cfg = default_config(mode)
     fn = _decode_split_kernel
     pointers = {"Q": "*bf16", "K": ELEMENT[kf], "V": ELEMENT[vf], "VH": "*bf16", "LEN": "*i32", "COLD": "*i32"}
     consts = {
         "G": group, "D": dim, "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
         "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf == "int8",
         "PRECISION": "tf32", "PRMT": kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8",
-        **int8_dot_flags(int8_dot or default_config(mode)["int8_dot"]), "PDL": pdl,
-        "RESCALE_TAU": float(default_config(mode)["rescale_tau"] if rescale_tau is None else rescale_tau),
-        "DEFER_SUMS": bool(default_config(mode)["defer_sums"] if defer_sums is None else defer_sums),
+        **int8_dot_flags(int8_dot or cfg["int8_dot"]), "PDL": pdl,
+        "RESCALE_TAU": float(cfg["rescale_tau"] if rescale_tau is None else rescale_tau),
+        "DEFER_SUMS": bool(cfg["defer_sums"] if defer_sums is None else defer_sums),
     }  # fmt: skip
     table = lambda name: "*i32" if name.startswith("CB") else "*fp32"  # noqa: E731 (prmt tables, float32 scales)
     return compile_sm90(fn, consts, pointers, table, {"num_warps": warps, "num_stages": stages}, ALIGNED_INTS)

@@ -317,13 +317,14 @@ def _attend_range(
             c = _centroids(k_cur, CBK, 4, D, BLOCK_N, PRMT)
             s = tl.dot(qa, tl.trans(c)) * (q_unit[:, None] * k_scale.to(tl.float32)[None, :])
         s = tl.where(mask[None, :], s, float("-inf"))
+        m_blk = tl.max(s, 1)
         if RESCALE_TAU > 0:  # lazy: only when some row's maximum rose by more than TAU (log2 units; the
             # first block always does): against a stale maximum the weights stay below 2^TAU
-            rescale = tl.max(tl.max(s, 1) - m_i, 0) > RESCALE_TAU
+            rescale = tl.max(m_blk - m_i, 0) > RESCALE_TAU
         else:
             rescale = True
         if rescale:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_new = tl.maximum(m_i, m_blk)
             alpha = tl.math.exp2(m_i - m_new)
             acc = acc * alpha[:, None]
             l_i = l_i * alpha
