@@ -118,6 +118,10 @@ def _quantize_store(
     elif FMT == INT8:
         scale = tl.math.div_rn(tl.max(tl.abs(x), 1), 127.0)
         scale = tl.where(scale == 0.0, 1.0, scale)  # zero guard only: a tiny scale stays tiny
+        # rounded to bfloat16 (nearest even, on the bits: exact in the interpreter too) before
+        # the codes are taken against it, as `reference.quantize_int8` does; stored exactly
+        bits = scale.to(tl.uint32, bitcast=True)
+        scale = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
         q = tl.minimum(tl.maximum(_rint(tl.math.div_rn(x, scale[:, None])), -127.0), 127.0)
         if TOKEN_MAJOR:
             ptr = DST + (bh.to(tl.int64) * D * stride_d + slots)[:, None] + d[None, :] * stride_d

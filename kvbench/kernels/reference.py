@@ -6,8 +6,9 @@ and the CPU path calls these directly. Math in float32; nothing here is fast.
 Storage formats (token axis at dim 2, slots [0, L) valid):
 
 - fp16: ``k``, ``v`` [B, H, cap, D] in the compute dtype.
-- int8: ``k``, ``v`` int8 [B, H, cap, D]; ``k_scale``, ``v_scale`` float32
-  [B, H, cap, 1]; value = q * scale with scale = absmax / 127 (1.0 for a zero vector).
+- int8: ``k``, ``v`` int8 [B, H, cap, D]; ``k_scale``, ``v_scale`` bfloat16
+  [B, H, cap, 1]; value = q * scale with scale = absmax / 127 rounded to bfloat16 (1.0
+  for a zero vector), the codes taken against the rounded scale.
   The int8 cache stores ``v`` token-major (`token_major`: a [B, H, cap, D] view of
   [B, H, D, padded cap] storage) because the int8 tensor-core dot of p @ V wants
   tokens contiguous; the kernels read either layout, the code here does not care.
@@ -135,11 +136,18 @@ def unpack_codes(packed: torch.Tensor, bits: int) -> torch.Tensor:
 
 # ----------------------------------------------------------- quantize / dequantize
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., D] -> (int8 [..., D], float32 scale [..., 1]); scale 1.0 only for an all-zero vector."""
+    """x [..., D] -> (int8 [..., D], bfloat16 scale [..., 1]); scale 1.0 only for an all-zero vector.
+
+    The scale absmax / 127 is rounded to bfloat16 (nearest even, relative error <= 2^-8)
+    first and the codes are taken against the rounded scale, so every coordinate stays
+    within one step: within half a rounded step (<= 0.502 of absmax / 127), and the largest
+    lands within 127 / (1 - 2^-8) = 127.498, which rounds to 127. bfloat16 keeps float32's
+    exponent range, so no scale underflows (float16 would flush those below 6e-8 to zero:
+    a floor of its own)."""
     xf = x.float()
     scale = xf.abs().amax(-1, keepdim=True) / 127.0
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    return torch.round(xf / scale).clamp(-127, 127).to(torch.int8), scale
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale).to(torch.bfloat16)
+    return torch.round(xf / scale.float()).clamp(-127, 127).to(torch.int8), scale
 
 
 def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
