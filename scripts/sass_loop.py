@@ -71,10 +71,10 @@ def compile_split(
         "RESCALE_TAU": float(cfg["rescale_tau"] if rescale_tau is None else rescale_tau),
         "DEFER_SUMS": bool(cfg["defer_sums"] if defer_sums is None else defer_sums),
     }  # fmt: skip
-    scales = {"KS": kf, "VS": vf}  # int8's scales are bf16; turbo's typed fp32 here (fp16 in the caches)
+    scales = {"KS": kf, "VS": vf}  # int8's two bf16 scales of a token load as one i32; turbo's typed fp32 here
 
     def table(name):
-        return "*i32" if name.startswith("CB") else "*bf16" if scales.get(name) == "int8" else "*fp32"
+        return "*i32" if name.startswith("CB") or scales.get(name) == "int8" else "*fp32"
 
     return compile_sm90(fn, consts, pointers, table, {"num_warps": warps, "num_stages": stages}, ALIGNED_INTS)
 

@@ -97,7 +97,9 @@ def make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw, int8_v="token-ma
         if fmt == "float":
             bufs[x] = tokens
         elif fmt == "int8":
-            bufs[x], bufs[x + "_scale"] = ref.quantize_int8(tokens)
+            bufs[x], scale = ref.quantize_int8(tokens)
+            bufs.setdefault("scales", ref.int8_scales(scale.shape[:3], scale.device))
+            ref.int8_scale(bufs, x).copy_(scale)
             if x == "v" and int8_v == "token-major":
                 tm = ref.token_major(bufs[x].shape, torch.int8, bufs[x].device, pad=48)
                 torch.empty(0, dtype=torch.int8).set_(tm.untyped_storage()).random_(-128, 128)
@@ -236,8 +238,8 @@ def test_decode_lazy_rescale_weight_bound(mode, tau, v_max, seed):
 
 def test_decode_int8_dot_checked():
     q = torch.zeros(1, 1, 32)
-    bufs = {"k": torch.zeros(1, 1, 4, 32, dtype=torch.int8), "k_scale": torch.ones(1, 1, 4)}
-    bufs.update(v=bufs["k"].clone(), v_scale=bufs["k_scale"].clone())
+    bufs = {"k": torch.zeros(1, 1, 4, 32, dtype=torch.int8), "scales": torch.ones(1, 1, 4, 2, dtype=torch.bfloat16)}
+    bufs["v"] = bufs["k"].clone()
     with pytest.raises(ValueError, match="int8_dot"):
         decode_attention("int8", q, q, q, bufs, 1, 1.0, int8_dot="fp8")
 

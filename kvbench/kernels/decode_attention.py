@@ -8,8 +8,8 @@ Two launches (three for turbo K, which first rotates the query):
    graphs). Online softmax in float32 (log2 units), rescaled lazily where `default_config`
    says so (only when a row's maximum rose by more than `rescale_tau`); writes partial
    (m, l, acc).
-   Quantized formats are never dequantized element by element (int8's scales are
-   bfloat16, one per token-head, widened to float32 as loaded):
+   Quantized formats are never dequantized element by element (int8's K and V scales
+   are bfloat16 side by side, one 4-byte word per token-head, loaded once for both):
    - int8 K (default, `int8_dot="mixed"`, and "s8"): q split into two int8 parts
      (hi + lo / 254, ~15 bits), integer dots on the codes as stored; `int8_dot="f16"`: codes
      become fp16 c + 1152 in registers (byte permutes, exact),
@@ -301,6 +301,9 @@ def _attend_range(
             v_cur, v_scale = v_pk, v_sc
             v_pk = _load_packed(V, v_row0 + nxt, nxt < hi, V_BITS, D, BLOCK_N, PRMT)
             v_sc = tl.load(VS + v_row0 + nxt, mask=nxt < hi, other=0.0)
+        if K_FMT == INT8:  # int8 has K and V int8: one word per token holds both bf16 scales (K's low half)
+            sc = tl.load(KS + kr, mask=mask, other=0)
+            k_sc8 = (sc << 16).to(tl.float32, bitcast=True)
         # scores in log2 units [BLOCK_G, BLOCK_N]
         if K_FMT == FLOAT:
             k = tl.load(K + kr[:, None] * D + d[None, :], mask=mask[:, None], other=0.0)
@@ -308,12 +311,12 @@ def _attend_range(
         elif K_FMT == INT8 and K_F16:  # qb holds 1152 * sum(qa) per row, in q_unit's units
             k8 = tl.load(K + kr[:, None] * D + d[None, :], mask=mask[:, None], other=0)
             s = tl.dot(qa, tl.trans(_int8_biased_f16(k8, PRMT))) - qb[:, None]
-            s = s * (q_unit[:, None] * tl.load(KS + kr, mask=mask, other=0.0).to(tl.float32)[None, :])
+            s = s * (q_unit[:, None] * k_sc8[None, :])
         elif K_FMT == INT8:
             # hi * 254 + lo summed in int32 (|.| < 2^31 for D <= 256), one conversion; q_unit carries the 1/254
             kt = tl.trans(tl.load(K + kr[:, None] * D + d[None, :], mask=mask[:, None], other=0))
             s = (tl.dot(qa, kt) * 254 + tl.dot(qb, kt)).to(tl.float32)
-            s = s * (q_unit[:, None] * tl.load(KS + kr, mask=mask, other=0.0).to(tl.float32)[None, :])
+            s = s * (q_unit[:, None] * k_sc8[None, :])
         else:
             c = _centroids(k_cur, CBK, 4, D, BLOCK_N, PRMT)
             s = tl.dot(qa, tl.trans(c)) * (q_unit[:, None] * k_scale.to(tl.float32)[None, :])
@@ -351,14 +354,14 @@ def _attend_range(
             else:
                 v = tl.load(V + vr[:, None] * D + d[None, :], mask=mask[:, None], other=0)
             if V_F16:
-                w = (p * tl.load(VS + vr, mask=mask, other=0.0).to(tl.float32)[None, :]).to(tl.float16)
+                w = (p * ((sc >> 16) << 16).to(tl.float32, bitcast=True)[None, :]).to(tl.float16)
                 pv = tl.dot(w, _int8_biased_f16(v, PRMT))
                 if DEFER_SUMS:
                     w_blk = w_blk + w.to(tl.float32)
                 else:
                     w_i = w_i + tl.sum(w.to(tl.float32), 1)
             else:
-                wh, wl, unit = _split_int8(p * tl.load(VS + vr, mask=mask, other=0.0).to(tl.float32)[None, :])
+                wh, wl, unit = _split_int8(p * ((sc >> 16) << 16).to(tl.float32, bitcast=True)[None, :])
                 # |dot| <= 127^2 * BLOCK_N: hi * 254 + lo fits int32 for BLOCK_N <= 256
                 pv = (tl.dot(wh, v) * 254 + tl.dot(wl, v)).to(tl.float32) * (unit * (1.0 / 254.0))[:, None]
         else:
@@ -952,11 +955,13 @@ def decode_attention(
     cold = device_int(cold_length if cold_length is not None else 0, dev)
 
     if vf == "float" or vf == "int8":
-        v, vs = buffers["v"], buffers.get("v_scale", k)
+        v, vs = buffers["v"], k
     else:
         v, vs = buffers["v_codes"], buffers["v_scale"]
     vh = buffers.get("v_hot", v)
     ks = buffers.get("k_scale", k)
+    if kf == "int8":  # both scales of a token as one int32 word (`reference.int8_scale`)
+        ks = vs = buffers["scales"].view(torch.int32)
     prmt = lut_path(dev, lut) == "prmt"
     table = workspace.prmt_table if prmt else workspace.codebook
     cbk = table("k", k_codebook) if kf == "turbo4" else ks

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from kvbench.kernels.launch import pdl_enter, pdl_kwargs
-from kvbench.kernels.reference import FORMATS, token_major_stride
+from kvbench.kernels.reference import FORMATS, int8_scale, token_major_stride
 
 # storage formats: the kernels' constexpr switches (HOT: the fp16 hot window of delegated V)
 FORMAT_IDS = {"float": 0, "int8": 1, "turbo4": 2, "turbo3": 3, "hot": 4, "delegated": 5}
@@ -128,7 +128,7 @@ def _quantize_store(
         else:
             ptr = DST + dst[:, None] * D + d[None, :]
         tl.store(ptr, q.to(tl.int8), mask=rmask[:, None])
-        tl.store(SCALE + dst, scale, mask=rmask)
+        tl.store(SCALE + dst * 2, scale, mask=rmask)  # `scales` [B, H, cap, 2]: SCALE is this side's plane
     else:
         BITS: tl.constexpr = 4 if FMT == TURBO4 else 3
         CPG: tl.constexpr = 2 if BITS == 4 else 8  # codes per packed group
@@ -290,9 +290,10 @@ def write_operands(
             dst = buffers["v_hot" if fmt == "delegated" else x]
             return [dst, dst, dst, dst, dst, dst], FORMAT_IDS["hot" if fmt == "delegated" else "float"]
         data = buffers[x] if fmt == "int8" else buffers[x + "_codes"]
-        scale = buffers[x + "_scale"]
-        if fmt == "int8":
+        if fmt == "int8":  # this side's plane of `scales` (its first element; tokens 2 apart)
+            scale = int8_scale(buffers, x)
             return [data, scale, scale, scale, scale, scale], FORMAT_IDS["int8"]
+        scale = buffers[x + "_scale"]
         return [data, scale, *signs, codebook, bnd], FORMAT_IDS[fmt]
 
     k_side, k_fmt = side("k", kf, k_signs, k_codebook, k_boundaries)

@@ -6,9 +6,10 @@ and the CPU path calls these directly. Math in float32; nothing here is fast.
 Storage formats (token axis at dim 2, slots [0, L) valid):
 
 - fp16: ``k``, ``v`` [B, H, cap, D] in the compute dtype.
-- int8: ``k``, ``v`` int8 [B, H, cap, D]; ``k_scale``, ``v_scale`` bfloat16
-  [B, H, cap, 1]; value = q * scale with scale = absmax / 127 rounded to bfloat16 (1.0
-  for a zero vector), the codes taken against the rounded scale.
+- int8: ``k``, ``v`` int8 [B, H, cap, D]; ``scales`` bfloat16 [B, H, cap, 2], K's scale
+  at [..., 0] and V's at [..., 1] (`int8_scale`: one 4-byte word per token, which the GPU
+  kernel loads once for both); value = q * scale with scale = absmax / 127 rounded to
+  bfloat16 (1.0 for a zero vector), the codes taken against the rounded scale.
   The int8 cache stores ``v`` token-major (`token_major`: a [B, H, cap, D] view of
   [B, H, D, padded cap] storage) because the int8 tensor-core dot of p @ V wants
   tokens contiguous; the kernels read either layout, the code here does not care.
@@ -154,6 +155,16 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale.float()
 
 
+def int8_scales(shape: tuple[int, int, int], device) -> torch.Tensor:
+    """An int8 cache's scale sidecar for [B, H, cap] tokens: bfloat16 [B, H, cap, 2]."""
+    return torch.empty((*shape, 2), dtype=torch.bfloat16, device=device)
+
+
+def int8_scale(buffers: dict[str, torch.Tensor], x: str) -> torch.Tensor:
+    """The [B, H, cap, 1] view of side `x` ("k" or "v") in an int8 cache's `scales`."""
+    return buffers["scales"][..., :1] if x == "k" else buffers["scales"][..., 1:]
+
+
 def turbo_rotated(x: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(r, n): the rotated unit vector and the norm; what the quantizer bucketizes."""
     xf = x.float()
@@ -199,13 +210,13 @@ def dequantize_cache(
     if kf == "float":
         k = b["k"].float()
     elif kf == "int8":
-        k = dequantize_int8(b["k"], b["k_scale"])
+        k = dequantize_int8(b["k"], int8_scale(b, "k"))
     else:
         k = dequantize_turbo(b["k_codes"], b["k_scale"], k_codebook, *k_signs, 4)
     if vf == "float":
         v = b["v"].float()
     elif vf == "int8":
-        v = dequantize_int8(b["v"], b["v_scale"])
+        v = dequantize_int8(b["v"], int8_scale(b, "v"))
     elif vf in ("turbo4", "turbo3"):
         v = dequantize_turbo(b["v_codes"], b["v_scale"], v_codebook, *v_signs, int(vf[-1]))
     else:  # delegated: cold codes for [0, C), hot slots [0, L - C) for [C, L)
@@ -291,7 +302,7 @@ def write_kv(
             c = s - _as_int(cold_length)
             buffers["v_hot"][:, :, c : c + t] = src
         elif fmt == "int8":
-            buffers[x][:, :, s : s + t], buffers[x + "_scale"][:, :, s : s + t] = quantize_int8(src)
+            buffers[x][:, :, s : s + t], int8_scale(buffers, x)[:, :, s : s + t] = quantize_int8(src)
         else:
             codes, scale = quantize_turbo(src, cb, bnd, *signs, int(fmt[-1]))
             buffers[x + "_codes"][:, :, s : s + t], buffers[x + "_scale"][:, :, s : s + t] = codes, scale

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Eleventh session: int8's scales stored as bfloat16 (2 bytes per token-head) instead of float32 (4):
-# 130 bytes a token-head against 132, 1.5% fewer int8 bytes (the spec's 128 + 2 layout, with fp32's
-# exponent range so no scale underflows). Old = .gpu/old (kvbench/, scripts/, configs/ and pyproject.toml
-# at b3d70d3: float32 scales), new = the working tree. Each runs from its own folder (python -m puts the
-# working directory first on sys.path).
-# Prediction: where int8 streams its bytes (32K, batch 16 and batch 1) its attention alone is 1-1.5%
-# faster; end to end at 32K, batch 16 (attention ~2/3 of the step) +0.5 to +1.3 points of fp16's speed,
-# +0.2-0.3 at 32K batch 1, nothing measurable at 8K batch 1; fp16 unchanged.
+# Eleventh session: int8's scales stored as bfloat16 instead of float32: 130 bytes a token-head against 132,
+# 1.5% fewer int8 bytes (the spec's 128 + 2 layout, with fp32's exponent range so no scale underflows).
+# Old = .gpu/old (kvbench/, scripts/, configs/ and pyproject.toml at b3d70d3: float32 scales), new = the
+# working tree. Each runs from its own folder (python -m puts the working directory first on sys.path).
+# Run 1 (at 63e02d6, phase BA): K and V scales in two bfloat16 planes [B, H, cap, 1]. Predicted +0.5 to +1.3
+# points of fp16's speed for int8 at 32K, batch 16; measured 12% slower (1.337x against 1.499x). The split
+# kernel took 325 us a layer against 266 (scripts/exp/prof-ab.sh): a 2-byte load per thread is below
+# cp.async's 4 bytes, so Triton no longer prefetched the scales (sm_90 SASS: 9 barriers a block against 5).
+# ("kernels-N" of that run timed float32 scales: scripts/bench_kernels.py filled its own then.)
+# Run 2: both scales of a token side by side (`scales` [B, H, cap, 2]), one 4-byte load for the pair
+# (SASS: 713 instructions a block against 719, 5 barriers, one cp.async fewer). Same prediction as run 1.
 # Steps: end to end N O N O (fp16 and int8 at 8K and 32K, batch 1 and 16, one lease); attention + append
 # alone (fp16, int8) in each; the clock probe (steps back to back, then 20 ms apart; NVML clock and
 # power) at 32K, batch 16, in each. Called by phase BA of scripts/h200.sh.
