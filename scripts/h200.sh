@@ -543,6 +543,8 @@ BB)  # after BA, same machine (carry .gpu/m0): the benchmark; the model's first 
   (cd $OUT && tar czf all.tgz bench BB-bench.log) ;;
 BC)  # after BB, same machine (carry .gpu/m1 .gpu/whl): the fp16 and int8 audit beside the kernel, engine and PDL tests
   AUDIT_MODES=fp16,int8 AUDIT_TIMEOUT=360 audit_beside_tests BC BB ;;
+BD)  # (carry .gpu/old; another lease) a second reading: fp16 and int8 at 32K, new / old / new / old
+  ORDER="N O N O" CONTEXTS=32k ONLY_E2E=1 timeout 300 bash scripts/exp/bf16-scales.sh ;;
 AF)  # after AE (carry .gpu/m0): the model's first half staged for AG
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv; cp .gpu/m0/* $M/ && ls $M ;;
 AG)  # after AF, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel, engine and PDL tests
@@ -555,6 +557,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|AN|AP|AQ|AR|AS|AT|AU|AV|AW|AX|AY|AZ|BA|BB|BC|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|AN|AP|AQ|AR|AS|AT|AU|AV|AW|AX|AY|AZ|BA|BB|BC|BD|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

@@ -13,15 +13,17 @@
 # Steps: end to end N O N O (fp16 and int8 at 8K and 32K, batch 1 and 16, one lease); attention + append
 # alone (fp16, int8) in each; the clock probe (steps back to back, then 20 ms apart; NVML clock and
 # power) at 32K, batch 16, in each. Called by phase BA of scripts/h200.sh.
+# ORDER (default "N O N O"), CONTEXTS (default 8k,32k) and ONLY_E2E=1 (no attention alone, no clock probe)
+# make the shorter second reading on another lease (run 3, phase BD).
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 NEW=$PWD OLD=$PWD/.gpu/old
 mkdir -p $OUT/r
 nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
-E="--model dummy:llama-3.1-8b --modes fp16,int8 --contexts 8k,32k --batch 1,16 --warmup 8 --gen 64 --repeats 3 --quiet --devices 0"
+E="--model dummy:llama-3.1-8b --modes fp16,int8 --contexts ${CONTEXTS:-8k,32k} --batch 1,16 --warmup 8 --gen 64 --repeats 3 --quiet --devices 0"
 src() { [ "$1" = O ] && echo "$OLD" || echo "$NEW"; }
 n=0
-for v in N O N O; do
+for v in ${ORDER:-N O N O}; do
   n=$((n + 1)); s=$(src $v)
   (cd "$s" && PYTHONPATH=$s timeout 100 python3 -m kvbench decode-bench $E --out $OUT/r/e2e-$n-$v) > $OUT/r/e2e-$n-$v.log 2>&1
   echo "e2e $n $v rc=$? t=$SECONDS"
@@ -31,6 +33,7 @@ rows = [r for r in csv.DictReader(open(sys.argv[1])) if r['decode_tok_s']]
 print('  ' + ' '.join(f\"{r['kv_cache_mode']}@{int(r['context_tokens'])//1024}k/{r['batch']}={float(r['decode_tok_s']):.1f}({float(r['decode_ratio_vs_fp16'] or 1):.4f})\" for r in rows))
 " $OUT/r/e2e-$n-$v/bench.csv
 done
+[ "${ONLY_E2E:-0}" = 1 ] && { (cd $OUT && tar czf bf16-scales.tgz r && rm -rf r); exit 0; }
 for v in N O; do
   s=$(src $v)
   (cd "$s" && PYTHONPATH=$s timeout 70 python3 scripts/bench_kernels.py --no-check --pdl --append default --modes fp16,int8 \
