@@ -98,6 +98,13 @@
 #   AZ (after AY, same machine, carry .gpu/m1 .gpu/whl): the audit of fp16, int8 and turbo3-asym (the modes
 #      whose kernels changed) beside the kernel and engine tests
 #   then scripts/exp/int8-b16-sweep.sh (no carry): int8's launch shapes end to end at 32K, batch 16
+# Eleventh session (2026-12-02, results/2026-12-02c-h200), int8's scales as bf16:
+#   BA (carry .gpu/old = b3d70d3's kvbench/, scripts/, configs/, pyproject.toml) at 63e02d6 (two bf16 planes:
+#      slower), then scripts/exp/prof-ab.sh (carry .gpu/old; GPU time per kernel, new against old), then BA again
+#      at daca6b9 (the scales of a token side by side)
+#   BB (after BA, same machine, carry .gpu/m0) the benchmark at daca6b9
+#   BC (after BB, same machine, carry .gpu/m1 .gpu/whl) the audit of fp16 and int8 beside the kernel and engine tests
+#   BD (carry .gpu/old; another lease) the second reading, fp16 and int8 at 32K, new / old / new / old
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
