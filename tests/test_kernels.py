@@ -130,6 +130,11 @@ def tolerance(mode, dtype):
         return 5e-4
     if dtype == BF16:  # bf16 eps is 7.8e-3: a few roundings of q, k, v and the output
         return 2e-2
+    if mode == "turbo4":  # turbo K is scored against the rotated query rounded to fp16 (the reference keeps
+        # it in fp32). Seed 2615817552 of test_decode_lazy_rescale: that rounding alone moved the reference's
+        # output by 7.4e-3 of its largest value, and the kernel was 1.0e-2 off the reference but 2.8e-3 off it
+        # with the rounding emulated (over 2000 other draws of 5 cases the rounding alone stayed under 2.5e-3)
+        return 1.5e-2
     return 4e-3
 
 
