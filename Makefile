@@ -6,7 +6,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvbench-setup
-RUN ?= results/$(shell date +%F)-$(if $(HAS_GPU),gpu,cpu)
+RUN_DATED = results/$(shell date +%F)-$(if $(HAS_GPU),gpu,cpu)
+# A folder of that name committed to the repo is a finished run, not one to --resume (its cells
+# would be skipped and its report re-rendered): then the run goes beside it, named by the commit.
+RUN ?= $(if $(shell git ls-files -- $(RUN_DATED) 2>/dev/null | head -n 1),$(RUN_DATED)-$(shell git rev-parse --short HEAD),$(RUN_DATED))
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 # No NVIDIA GPU: pin the CPU build of torch (a bare `torch` pulls a multi-GB CUDA build).
 TORCH_REQ := $(if $(HAS_GPU),torch triton,torch==2.13.0 triton==3.8.0)
