@@ -79,8 +79,7 @@ def quantized_cache(mode, b, cap, length, cold, dtype, kw, device):
             bufs[side] = x[side]
         elif fmt == "int8":
             bufs[side], scale = ref.quantize_int8(x[side])
-            bufs.setdefault("scales", ref.int8_scales(scale.shape[:3], device))
-            ref.int8_scale(bufs, side).copy_(scale)
+            ref.set_int8_scale(bufs, side, scale)
             if side == "v":  # as the int8 cache stores it
                 bufs[side] = ref.token_major(bufs[side].shape, torch.int8, device).copy_(bufs[side])
         else:
@@ -161,8 +160,7 @@ def random_cache(mode, b, length, dtype, device, int8_v="token-major"):
             bufs[side] = torch.randint(-127, 128, (*shape, D), device=device, dtype=torch.int8)
             if side == "v" and int8_v == "token-major":
                 bufs[side] = ref.token_major(bufs[side].shape, torch.int8, device).copy_(bufs[side])
-            bufs.setdefault("scales", ref.int8_scales(shape, device))
-            ref.int8_scale(bufs, side).copy_(torch.rand(*shape, 1, device=device) / 64)
+            ref.set_int8_scale(bufs, side, torch.rand(*shape, 1, device=device) / 64)
         else:
             bits = 3 if fmt == "turbo3" else 4
             bufs[side + "_codes"] = torch.randint(0, 256, (*shape, D * bits // 8), device=device, dtype=torch.uint8)

@@ -98,8 +98,7 @@ def make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw, int8_v="token-ma
             bufs[x] = tokens
         elif fmt == "int8":
             bufs[x], scale = ref.quantize_int8(tokens)
-            bufs.setdefault("scales", ref.int8_scales(scale.shape[:3], scale.device))
-            ref.int8_scale(bufs, x).copy_(scale)
+            ref.set_int8_scale(bufs, x, scale)
             if x == "v" and int8_v == "token-major":
                 tm = ref.token_major(bufs[x].shape, torch.int8, bufs[x].device, pad=48)
                 torch.empty(0, dtype=torch.int8).set_(tm.untyped_storage()).random_(-128, 128)

@@ -165,6 +165,12 @@ def int8_scale(buffers: dict[str, torch.Tensor], x: str) -> torch.Tensor:
     return buffers["scales"][..., :1] if x == "k" else buffers["scales"][..., 1:]
 
 
+def set_int8_scale(buffers: dict[str, torch.Tensor], x: str, scale: torch.Tensor) -> None:
+    """Fill side `x` of `buffers["scales"]` (allocated on first use) with `scale` [B, H, cap, 1]."""
+    buffers.setdefault("scales", int8_scales(scale.shape[:3], scale.device))
+    int8_scale(buffers, x).copy_(scale)
+
+
 def turbo_rotated(x: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(r, n): the rotated unit vector and the norm; what the quantizer bucketizes."""
     xf = x.float()
