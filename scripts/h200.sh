@@ -105,6 +105,13 @@
 #   BB (after BA, same machine, carry .gpu/m0) the benchmark at daca6b9
 #   BC (after BB, same machine, carry .gpu/m1 .gpu/whl) the audit of fp16 and int8 beside the kernel and engine tests
 #   BD (carry .gpu/old; another lease) the second reading, fp16 and int8 at 32K, new / old / new / old
+# Twelfth session (2026-12-02, results/2026-12-02e-h200), the reduction's tail at 8K, batch 1:
+#   scripts/exp/b1-shapes.sh (no carry): the turbo modes' batch-1 launch shapes end to end at 8K
+#   scripts/exp/tail-prefetch.sh (no carry): the output GEMV's prefetch and the reduction's early release, end
+#      to end at 8K and 32K, batch 1; then with ORDER="base er base er" BATCH=16 CONTEXTS=32k on the same machine
+#   BE (no carry) at the commit that makes the early release the default: per-program stamps at 8K, batch 1
+#      (scripts/exp/tail_stamps.py), then the benchmark
+#   BF (after BE, same machine, carry .gpu/whl): the kernel, engine and PDL tests on compiled kernels
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -552,6 +559,15 @@ BC)  # after BB, same machine (carry .gpu/m1 .gpu/whl): the fp16 and int8 audit 
   AUDIT_MODES=fp16,int8 AUDIT_TIMEOUT=360 audit_beside_tests BC BB ;;
 BD)  # (carry .gpu/old; another lease) a second reading: fp16 and int8 at 32K, new / old / new / old
   ORDER="N O N O" CONTEXTS=32k ONLY_E2E=1 timeout 300 bash scripts/exp/bf16-scales.sh ;;
+BE)  # (no carry; twelfth session) per-program global-timer stamps at 8K (and 32K), batch 1, then the benchmark
+  timeout 200 python3 scripts/exp/tail_stamps.py --context 8192 --batch 1 > $OUT/stamps-8k-b1.txt 2>&1
+  echo "stamps rc=$? t=$SECONDS"; cat $OUT/stamps-8k-b1.txt
+  timeout 100 python3 scripts/exp/tail_stamps.py --context 32768 --batch 1 --modes fp16,turbo4-asym,int8 \
+    > $OUT/stamps-32k-b1.txt 2>&1; echo "stamps rc=$? t=$SECONDS"; cat $OUT/stamps-32k-b1.txt
+  bench1 BE ${BENCH1_TIMEOUT:-260}
+  (cd $OUT && tar czf all.tgz bench BE-bench.log stamps-*.txt) ;;
+BF)  # after BE, same machine (carry .gpu/whl): the kernel, engine and PDL tests on compiled kernels
+  wheels && TEST_TIMEOUT=${TEST_TIMEOUT:-330} step ktests ;;
 AF)  # after AE (carry .gpu/m0): the model's first half staged for AG
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv; cp .gpu/m0/* $M/ && ls $M ;;
 AG)  # after AF, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel, engine and PDL tests
@@ -564,6 +580,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|AN|AP|AQ|AR|AS|AT|AU|AV|AW|AX|AY|AZ|BA|BB|BC|BD|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|AN|AP|AQ|AR|AS|AT|AU|AV|AW|AX|AY|AZ|BA|BB|BC|BD|BE|BF|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

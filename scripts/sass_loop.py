@@ -63,11 +63,12 @@ def compile_split(
     cfg = default_config(mode)
     fn = _decode_split_kernel
     pointers = {"Q": "*bf16", "K": ELEMENT[kf], "V": ELEMENT[vf], "VH": "*bf16", "LEN": "*i32", "COLD": "*i32"}
+    pointers["STAMPS"] = "*i64"
     consts = {
         "G": group, "D": dim, "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
         "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf == "int8",
         "PRECISION": "tf32", "PRMT": kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8",
-        **int8_dot_flags(int8_dot or cfg["int8_dot"]), "PDL": pdl,
+        **int8_dot_flags(int8_dot or cfg["int8_dot"]), "PDL": pdl, "STAMP": False,
         "RESCALE_TAU": float(cfg["rescale_tau"] if rescale_tau is None else rescale_tau),
         "DEFER_SUMS": bool(cfg["defer_sums"] if defer_sums is None else defer_sums),
     }  # fmt: skip
@@ -113,11 +114,11 @@ def compile_reduce(mode: str, append: bool, group: int = 4, dim: int = 128, pdl:
         "G": group, "D": dim, "BLOCK_S": merge_block(warps, 64), "ROTATED": vf.startswith(("turbo", "delegated")),
         "HAS_HOT": vf == "delegated", "APPEND": append, "WRITE_FIRST": cfg["write_first"] or pdl,
         "K_FMT": FORMAT_IDS[wf.get(kf, kf)], "V_FMT": FORMAT_IDS[wf.get(vf, vf)], "V_TOKEN_MAJOR": vf == "int8",
-        **wht_params(dim), "PDL": pdl,
+        **wht_params(dim), "PDL": pdl, "EARLY_RELEASE": bool(cfg["early_release"]), "STAMP": False,
     }  # fmt: skip
     codes = {"float": "*bf16", "int8": "*i8", "turbo4": "*u8", "turbo3": "*u8", "delegated": "*bf16"}
     pointers = {"Q": "*bf16", "KN": "*bf16", "VN": "*bf16", "OUT": "*bf16", "LEN": "*i32", "COLD": "*i32"}
-    pointers.update(DK=codes[kf], DV=codes[vf])
+    pointers.update(DK=codes[kf], DV=codes[vf], STAMPS="*i64")
     return compile_sm90(fn, consts, pointers, lambda name: "*fp32", {"num_warps": warps})
 
 

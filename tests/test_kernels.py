@@ -36,6 +36,7 @@ from kvbench.kernels.decode_attention import (
     launch_stages,
     lut_path,
     prmt_table,
+    record_stamps,
 )
 from kvbench.kernels.quantize import rotate, write_kv
 
@@ -303,6 +304,32 @@ def test_reduce_merges_many_splits_from_poisoned_workspace(mode, splits, seed):
     assert not out.isnan().any(), f"seed {seed}: a workspace row read that no split wrote"
     err = max_rel(out, expected)
     assert err < tolerance(mode, F16), f"seed {seed}: max rel error {err:.2e}"
+
+
+@pytest.mark.parametrize("mode", ["fp16", "turbo4-delegated"])
+def test_record_stamps(mode, seed):
+    """The experiments' per-program timer stamps: on a GPU every program of both kernels stamps, in
+    order (the reduction, launched after the split kernel without PDL, starts after every split
+    ended) and the output is unchanged; elsewhere a one-line error."""
+    b, hkv, group, dim, length, splits = 2, 2, 4, 64, 300, 5
+    buf = torch.zeros(3, 2, 64, 4, dtype=torch.int64)
+    if not GPU:
+        with record_stamps(buf), pytest.raises(ValueError, match="CUDA GPU"):
+            run_decode(mode, b, hkv, group, dim, length, 333, F16, splits)
+        return
+    with record_stamps(buf):
+        out, expected = run_decode(mode, b, hkv, group, dim, length, 333, F16, splits)
+        run_decode(mode, b, hkv, group, dim, length, 333, F16, splits)  # the next slot
+    assert max_rel(out, expected) < tolerance(mode, F16), f"seed {seed}"
+    for slot in (0, 1):
+        sp, rd = buf[slot, 0, : b * hkv * splits, :2], buf[slot, 1, : b * hkv * group, :3]
+        assert (sp > 0).all() and (rd > 0).all(), f"a program did not stamp (slot {slot})"
+        assert (buf[slot, 0, b * hkv * splits :] == 0).all() and (buf[slot, 1, b * hkv * group :] == 0).all()
+        assert (sp[:, 1] >= sp[:, 0]).all() and (rd[:, 1] >= rd[:, 0]).all() and (rd[:, 2] >= rd[:, 1]).all()
+        assert rd[:, 0].min() >= sp[:, 1].max(), "the reduction started before a split program ended"
+    assert (buf[2] == 0).all()
+    with pytest.raises(ValueError, match="programs"), record_stamps(torch.zeros(1, 2, 8, 4, dtype=torch.int64)):
+        run_decode(mode, b, hkv, group, dim, length, 333, F16, splits)
 
 
 def test_reduce_warps_follow_the_split_count():

@@ -36,6 +36,7 @@ from kvbench.kernels.launch import pdl_kwargs, release_dependents, wait_prior
 __all__ = ["GEMV_ENV", "gemv_config", "gemv_enabled", "linear"]
 
 GEMV_ENV = "KVBENCH_GEMV"
+PREFETCH_ENV = "KVBENCH_GEMV_PREFETCH_K"
 MAX_ROWS = 16
 SHARED_BUDGET = 200 * 1024  # bytes of pipelined tiles per program (an H200 SM has 227 KB)
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -172,6 +173,8 @@ def linear(
     y = out.view(m, n) if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
     cfg = {**gemv_config(n, k, weight.device, weight.element_size()), **knobs}
     pdl = pdl_kwargs(x)
+    if os.environ.get(PREFETCH_ENV):  # experiments: the prefetched columns per row, for every projection
+        cfg["PREFETCH_K"] = int(os.environ[PREFETCH_ENV])
     if not pdl["PDL"]:
         cfg["PREFETCH_K"] = 0
     lines = min(cfg["PREFETCH_K"], k) // 64  # whole 128-byte lines inside each row, a power of two of them

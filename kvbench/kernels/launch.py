@@ -9,10 +9,11 @@ previous kernel's tail instead of following it. In a CUDA graph the dependency
 is captured as a programmatic edge.
 
 The kernels here wait first thing, before they touch memory, and release their
-dependents right after; the one exception is the decode reduction, which stores
-the fresh token into slot L before it waits (the split kernel it follows reads
-only slots [0, L), and the tensors it stores from were written two launches back;
-see `decode_attention`).
+dependents right after. The exception is the decode reduction: it releases the
+output GEMV first thing (whose weights do not depend on it; the GEMV still waits
+for its output), and stores the fresh token into slot L before it waits (the
+split kernel it follows reads only slots [0, L), and the tensors it stores from
+were written two launches back; see `decode_attention`).
 
 PDL is off unless asked for (`programmatic_launch()`, which the GPU decode step
 uses), and never used in the Triton interpreter or before sm_90. `KVBENCH_PDL=0`
