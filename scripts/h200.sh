@@ -111,7 +111,10 @@
 #      to end at 8K and 32K, batch 1; then with ORDER="base er base er" BATCH=16 CONTEXTS=32k on the same machine
 #   BE (no carry) at the commit that makes the early release the default: per-program stamps at 8K, batch 1
 #      (scripts/exp/tail_stamps.py), then the benchmark
-#   BF (after BE, same machine, carry .gpu/whl): the kernel, engine and PDL tests on compiled kernels
+#   BF (after BE, same machine, carry .gpu/whl): the kernel, engine and PDL tests on compiled kernels (no machine
+#      could be started; BG ran them instead)
+#   BG (carry .gpu/whl) at the commit whose merge issues every load first, on two warps in every mode: the stamps
+#      again (and fp16 on one warp), the benchmark, then the kernel, engine and PDL tests
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -566,6 +569,17 @@ BE)  # (no carry; twelfth session) per-program global-timer stamps at 8K (and 32
     > $OUT/stamps-32k-b1.txt 2>&1; echo "stamps rc=$? t=$SECONDS"; cat $OUT/stamps-32k-b1.txt
   bench1 BE ${BENCH1_TIMEOUT:-260}
   (cd $OUT && tar czf all.tgz bench BE-bench.log stamps-*.txt) ;;
+BG)  # (carry .gpu/whl; twelfth session) the merge's loads first, two warps: stamps, benchmark, tests
+  timeout 120 python3 scripts/exp/tail_stamps.py --context 8192 --batch 1 > $OUT/stamps-8k-b1.txt 2>&1
+  echo "stamps rc=$? t=$SECONDS"; cat $OUT/stamps-8k-b1.txt
+  KVBENCH_ATTN_CONFIG='{"fp16": {"reduce_warps": 1}}' timeout 60 python3 scripts/exp/tail_stamps.py --context 8192 \
+    --batch 1 --modes fp16 > $OUT/stamps-8k-b1-fp16-1warp.txt 2>&1; echo "stamps rc=$? t=$SECONDS"
+  cat $OUT/stamps-8k-b1-fp16-1warp.txt
+  timeout 80 python3 scripts/exp/tail_stamps.py --context 32768 --batch 1 --modes fp16,turbo4-asym,int8 \
+    > $OUT/stamps-32k-b1.txt 2>&1; echo "stamps rc=$? t=$SECONDS"; cat $OUT/stamps-32k-b1.txt
+  bench1 BG ${BENCH1_TIMEOUT:-200}
+  (cd $OUT && tar czf all.tgz bench BG-bench.log stamps-*.txt)
+  wheels && TEST_TIMEOUT=$((560 - SECONDS)) step ktests ;;
 BF)  # after BE, same machine (carry .gpu/whl): the kernel, engine and PDL tests on compiled kernels
   wheels && TEST_TIMEOUT=${TEST_TIMEOUT:-330} step ktests ;;
 AF)  # after AE (carry .gpu/m0): the model's first half staged for AG
@@ -580,6 +594,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|AN|AP|AQ|AR|AS|AT|AU|AV|AW|AX|AY|AZ|BA|BB|BC|BD|BE|BF|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|AN|AP|AQ|AR|AS|AT|AU|AV|AW|AX|AY|AZ|BA|BB|BC|BD|BE|BF|BG|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

@@ -59,6 +59,7 @@ PTX_PROBE = textwrap.dedent(
             "split-fp16": compile_split("fp16", 64, 4, 2, dim=64, pdl=pdl),
             "split-turbo4": compile_split("turbo4", 64, 2, 2, dim=64, pdl=pdl),
             "reduce-turbo4-asym": compile_reduce("turbo4-asym", True, dim=64, pdl=pdl),
+            "reduce2-fp16": compile_reduce("fp16", True, dim=64, pdl=pdl, warps=2),
             "gemv": plain(_gemv_kernel, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128, "EVEN_K": True,
                                          "HAS_BIAS": True, "PREFETCH_K": 256 if pdl else 0, "PDL": pdl}, 4),
         }
@@ -101,13 +102,27 @@ def test_pdl_kernels_wait_before_touching_memory(ptx, name):
 
 
 def test_pdl_reduction_writes_before_it_waits(ptx):
-    """The reduction stores the fresh token (slot L, which the split kernel does not read)
-    before it waits, and reads the splits' partial results only after."""
+    """The reduction lets the next kernel (the output GEMV) start and stores the fresh token
+    (slot L, which the split kernel does not read) before it waits, and reads the splits'
+    partial results only after."""
     on, off = ptx["True"]["reduce-turbo4-asym"], ptx["False"]["reduce-turbo4-asym"]
     assert "griddepcontrol" not in off
     wait = on.find("griddepcontrol.wait")
+    assert 0 <= on.find("griddepcontrol.launch_dependents") < wait
     assert 0 <= first(on, ("st.global",)) < wait
     assert "ld.global" in on[wait:]  # the merge's loads come after the wait
+
+
+def test_reduction_issues_every_merge_load_before_its_first_barrier(ptx):
+    """A merge on two warps loads m, l and acc before its first cross-warp reduction (a
+    barrier): one round trip to L2, not one per reduction (see `auto_reduce_warps`). Under
+    PDL the merge is what follows the wait."""
+    code = ptx["True"]["reduce2-fp16"]
+    body = code[code.find("griddepcontrol.wait") :]
+    loads = [i for i in range(len(body)) if body.startswith("ld.global", i)]
+    barrier = body.find("bar.sync")
+    assert len(loads) >= 3 and barrier > 0
+    assert loads[-1] < barrier, "a merge load waits behind a cross-warp reduction"
 
 
 def test_pdl_gemv_prefetches_weights_before_it_waits(ptx):

@@ -623,13 +623,16 @@ def _decode_reduce_kernel(
         s = s0 + tl.arange(0, BLOCK_S)
         smask = s < n_splits
         ws = row * n_splits + s
+        # every load first: each cross-warp reduction below is a barrier that later loads would
+        # wait behind (m, then l, then acc: three round trips to L2 where one does)
         ms = tl.load(WS_M + ws, mask=smask, other=float("-inf"))
+        ls = tl.load(WS_L + ws, mask=smask, other=0.0)
+        a = tl.load(WS_ACC + ws[:, None] * D + d[None, :], mask=(s < n_cold)[:, None], other=0.0)
         m_new = tl.maximum(m, tl.max(ms, 0))
         alpha = tl.math.exp2(m - m_new)
         beta = tl.math.exp2(ms - m_new)
-        l_sum = l_sum * alpha + tl.sum(tl.load(WS_L + ws, mask=smask, other=0.0) * beta, 0)
+        l_sum = l_sum * alpha + tl.sum(ls * beta, 0)
         w_new = w_new * alpha
-        a = tl.load(WS_ACC + ws[:, None] * D + d[None, :], mask=(s < n_cold)[:, None], other=0.0)
         acc = acc * alpha + tl.sum(a * beta[:, None], 0)
         m = m_new
     if ROTATED:  # back from V's rotated basis: s1 * H(s2 * acc)
@@ -724,12 +727,10 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     (`deep_stages`: used while the grid leaves room for it, see `launch_stages`).
     `batch`: the decode batch, where a mode's best shape depends on it (delegated at 1).
 
-    The reduction runs one warp per (batch, query head), two past 32 splits so that it
-    merges them in one pass (`auto_reduce_warps`), and stores the fresh token itself
+    The reduction runs two warps per (batch, query head), which merge up to 64 splits in one
+    pass with one round trip to L2 (`auto_reduce_warps`), and stores the fresh token itself
     (`fuse_append`). Measured per kernel on the H200 before PDL, reduction + write took
-    less time on one warp than on 2 or 4 or with a separate write launch, in every mode and
-    shape but one: int8 at 2K, where 4 warps were 0.4 us faster (and 0.7 us slower at
-    32K; results/2026-12-01b-h200). fp16 and int8 store it before the merge (`write_first`):
+    less time with the write inside than with a separate write launch (results/2026-12-01b-h200). fp16 and int8 store it before the merge (`write_first`):
     their reductions took 0.1-0.4 us less at batch 1 that way, the turbo ones 0.1-0.7 us more
     (results/2026-12-01c-h200). Under PDL the reduction lets the output GEMV start first thing
     (`early_release`), not after its wait: the GEMV's programs then land on the SMs as the split
@@ -797,17 +798,20 @@ def int8_dot_flags(int8_dot: str) -> dict:
 
 
 def auto_reduce_warps(num_splits: int) -> int:
-    """Warps of the reduction: one merges 32 splits per pass, two merge up to 64 in one.
+    """Warps of the reduction: two, at any split count (they merge up to 64 splits a pass).
 
-    After the split kernel ends, the merge is what a layer waits for. At batch 1 every
-    quantized mode runs 33 splits (2 programs per SM), which one warp merged in two
-    dependent passes; the profile of the captured step on the H200 (scripts/profile_step.py,
-    8K, batch 1) put their reductions' end 2.0-2.1 us after the split kernel's, against 1.4
-    us for fp16's 17 splits in one pass. One pass read 0.1-0.2 points of fp16's speed faster
-    end to end than two for int8, turbo4-asym and delegated at 8K, batch 1, and 0.1 slower
-    for turbo3-asym (results/2026-12-01h-h200/experiments/merge-one-vs-two): about the
-    noise, and the reductions' end stayed where it was, so the merge is not what that gap is."""
-    return 1 if num_splits <= 32 else 2
+    After the split kernel ends, the merge is what a layer waits for. Global-timer stamps per
+    program in the captured step on the H200 (scripts/exp/tail_stamps.py, 8K, batch 1;
+    results/2026-12-02e-h200) put it at 1.04 us from the reduction's wait to its last store for
+    fp16 (17 splits, then one warp) and 1.84-2.07 us for the quantized modes (33 splits, two
+    warps); the split kernel's end and the wait's release were alike. The SASS (sm_90, triton
+    3.6) showed why: a two-warp merge loaded m, then l, then acc, each behind the cross-warp
+    reduction of the one before, three round trips to L2; one warp, two. With every load first
+    in the source (the merge loop below), two or more warps issue them all before the first
+    barrier: one round trip. One warp still orders acc's loads after m's (ptxas), so every
+    mode now merges on two. Earlier, before PDL and with the three round trips, one warp had
+    timed faster (results/2026-12-01b-h200)."""
+    return 2
 
 
 def merge_block(reduce_warps: int, num_splits: int) -> int:
