@@ -334,8 +334,8 @@ def test_record_stamps(mode, seed):
 
 
 def test_reduce_warps_follow_the_split_count():
-    assert [auto_reduce_warps(s) for s in (1, 17, 32, 33, 64, 88)] == [2] * 6
-    assert [merge_block(2, s) for s in (1, 17, 33, 88)] == [1, 32, 64, 64]
+    assert [auto_reduce_warps(s) for s in (1, 17, 32, 33, 64, 88)] == [1, 1, 1, 2, 2, 2]
+    assert [merge_block(auto_reduce_warps(s), s) for s in (1, 17, 33, 88)] == [1, 32, 64, 64]
     assert default_config("turbo4-asym")["reduce_warps"] is None  # None: auto_reduce_warps at launch
 
 

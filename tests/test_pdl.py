@@ -114,9 +114,9 @@ def test_pdl_reduction_writes_before_it_waits(ptx):
 
 
 def test_reduction_issues_every_merge_load_before_its_first_barrier(ptx):
-    """A merge on two warps loads m, l and acc before its first cross-warp reduction (a
-    barrier): one round trip to L2, not one per reduction (see `auto_reduce_warps`). Under
-    PDL the merge is what follows the wait."""
+    """A merge on two warps (past 32 splits) loads m, l and acc before its first cross-warp
+    reduction (a barrier): one round trip to L2, not one per reduction (see
+    `auto_reduce_warps`). Under PDL the merge is what follows the wait."""
     code = ptx["True"]["reduce2-fp16"]
     body = code[code.find("griddepcontrol.wait") :]
     loads = [i for i in range(len(body)) if body.startswith("ld.global", i)]

@@ -727,10 +727,12 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     (`deep_stages`: used while the grid leaves room for it, see `launch_stages`).
     `batch`: the decode batch, where a mode's best shape depends on it (delegated at 1).
 
-    The reduction runs two warps per (batch, query head), which merge up to 64 splits in one
-    pass with one round trip to L2 (`auto_reduce_warps`), and stores the fresh token itself
+    The reduction runs one warp per (batch, query head), two past 32 splits so that it
+    merges them in one pass (`auto_reduce_warps`), and stores the fresh token itself
     (`fuse_append`). Measured per kernel on the H200 before PDL, reduction + write took
-    less time with the write inside than with a separate write launch (results/2026-12-01b-h200). fp16 and int8 store it before the merge (`write_first`):
+    less time on one warp than on 2 or 4 or with a separate write launch, in every mode and
+    shape but one: int8 at 2K, where 4 warps were 0.4 us faster (and 0.7 us slower at
+    32K; results/2026-12-01b-h200). fp16 and int8 store it before the merge (`write_first`):
     their reductions took 0.1-0.4 us less at batch 1 that way, the turbo ones 0.1-0.7 us more
     (results/2026-12-01c-h200). Under PDL the reduction lets the output GEMV start first thing
     (`early_release`), not after its wait: the GEMV's programs then land on the SMs as the split
@@ -798,20 +800,22 @@ def int8_dot_flags(int8_dot: str) -> dict:
 
 
 def auto_reduce_warps(num_splits: int) -> int:
-    """Warps of the reduction: two, at any split count (they merge up to 64 splits a pass).
+    """Warps of the reduction: one merges 32 splits per pass, two merge up to 64 in one.
 
     After the split kernel ends, the merge is what a layer waits for. Global-timer stamps per
     program in the captured step on the H200 (scripts/exp/tail_stamps.py, 8K, batch 1;
     results/2026-12-02e-h200) put it at 1.04 us from the reduction's wait to its last store for
-    fp16 (17 splits, then one warp) and 1.84-2.07 us for the quantized modes (33 splits, two
-    warps); the split kernel's end and the wait's release were alike. The SASS (sm_90, triton
-    3.6) showed why: a two-warp merge loaded m, then l, then acc, each behind the cross-warp
-    reduction of the one before, three round trips to L2; one warp, two. With every load first
-    in the source (the merge loop below), two or more warps issue them all before the first
-    barrier: one round trip. One warp still orders acc's loads after m's (ptxas), so every
-    mode now merges on two. Earlier, before PDL and with the three round trips, one warp had
-    timed faster (results/2026-12-01b-h200)."""
-    return 2
+    fp16 (17 splits, one warp) and 1.84-2.07 us for the quantized modes (33 splits, two warps),
+    where the split kernel's end and the wait's release were alike. The SASS (sm_90, triton 3.6)
+    showed part of why: the two-warp merge loaded m, then l, then acc, each behind the
+    cross-warp reduction of the one before (three round trips to L2). With every load first in
+    the source (the merge loop below) two warps issue them all before the first barrier, and
+    the quantized modes' merges took 1.45-1.81 us. Two warps are still slower than one: fp16's
+    17 splits on two warps took 1.73 us against 1.01 on one, same lease (so fp16 stays on one;
+    results/2026-12-02e-h200/experiments/two-warp-merge-4dc302d). One pass read 0.1-0.2 points
+    of fp16's speed faster end to end than two one-warp passes for int8, turbo4-asym and
+    delegated at 33 splits (results/2026-12-01h-h200/experiments/merge-one-vs-two)."""
+    return 1 if num_splits <= 32 else 2
 
 
 def merge_block(reduce_warps: int, num_splits: int) -> int:
