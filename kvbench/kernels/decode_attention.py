@@ -805,13 +805,13 @@ def auto_reduce_warps(num_splits: int) -> int:
     After the split kernel ends, the merge is what a layer waits for. Global-timer stamps per
     program in the captured step on the H200 (scripts/exp/tail_stamps.py, 8K, batch 1;
     results/2026-12-02e-h200) put it at 1.04 us from the reduction's wait to its last store for
-    fp16 (17 splits, one warp) and 1.84-2.07 us for the quantized modes (33 splits, two warps),
-    where the split kernel's end and the wait's release were alike. The SASS (sm_90, triton 3.6)
+    fp16 (17 splits, one warp) and 1.87-2.08 us for the quantized modes (33 splits, two warps),
+    where the wait's release was alike (0.4-0.5 us after the last split program). The SASS (sm_90, triton 3.6)
     showed part of why: the two-warp merge loaded m, then l, then acc, each behind the
     cross-warp reduction of the one before (three round trips to L2). With every load first in
     the source (the merge loop below) two warps issue them all before the first barrier, and
     the quantized modes' merges took 1.45-1.81 us. Two warps are still slower than one: fp16's
-    17 splits on two warps took 1.73 us against 1.01 on one, same lease (so fp16 stays on one;
+    17 splits on two warps took 1.73 us against 1.04 on one, same lease (so fp16 stays on one;
     results/2026-12-02e-h200/experiments/two-warp-merge-4dc302d). One pass read 0.1-0.2 points
     of fp16's speed faster end to end than two one-warp passes for int8, turbo4-asym and
     delegated at 33 splits (results/2026-12-01h-h200/experiments/merge-one-vs-two)."""
