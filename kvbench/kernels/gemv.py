@@ -132,7 +132,9 @@ def gemv_config(n: int, k: int, device: torch.device, elem_bytes: int = 2) -> di
     # fp32 tiles are twice the bytes: fewer stages keep a program within SHARED_BUDGET
     per_stage = (block_n + MAX_ROWS) * block_k * elem_bytes
     stages = max(1, min(stages, _shared_budget(device) // per_stage))
-    return {"BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": 4, "num_stages": stages, "PREFETCH_K": 2 * block_k}
+    # `KVBENCH_GEMV_PREFETCH_K` (experiments): the prefetched columns per row, for every projection
+    prefetch = int(os.environ.get(PREFETCH_ENV) or 2 * block_k)
+    return {"BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": 4, "num_stages": stages, "PREFETCH_K": prefetch}
 
 
 @functools.cache
@@ -173,8 +175,6 @@ def linear(
     y = out.view(m, n) if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
     cfg = {**gemv_config(n, k, weight.device, weight.element_size()), **knobs}
     pdl = pdl_kwargs(x)
-    if os.environ.get(PREFETCH_ENV):  # experiments: the prefetched columns per row, for every projection
-        cfg["PREFETCH_K"] = int(os.environ[PREFETCH_ENV])
     if not pdl["PDL"]:
         cfg["PREFETCH_K"] = 0
     lines = min(cfg["PREFETCH_K"], k) // 64  # whole 128-byte lines inside each row, a power of two of them

@@ -36,10 +36,6 @@ for triple in "${plan[@]}"; do
   [ $SECONDS -gt ${BUDGET_S:-500} ] && { echo "run $n skipped: time"; continue; }
   KVBENCH_ATTN_CONFIG="$cfg" timeout 90 python3 -m kvbench decode-bench $E --out $OUT/r/run-$n > $OUT/r/run-$n.log 2>&1
   echo "run $n ($x $y $z) rc=$? t=$SECONDS"
-  python3 -c "
-import csv, sys
-rows = [r for r in csv.DictReader(open(sys.argv[1])) if r['decode_tok_s']]
-print('  ' + ' '.join(f\"{r['kv_cache_mode']}@{int(r['context_tokens'])//1024}k={float(r['decode_tok_s']):.1f}({float(r['decode_ratio_vs_fp16'] or 1):.4f})\" for r in rows))
-" $OUT/r/run-$n/bench.csv
+  python3 scripts/exp/bench_summary.py $OUT/r/run-$n/bench.csv
 done
 (cd $OUT && tar czf b1-shapes.tgz r && rm -rf r)

@@ -27,11 +27,7 @@ for v in ${ORDER:-N O N O}; do
   n=$((n + 1)); s=$(src $v)
   (cd "$s" && PYTHONPATH=$s timeout 100 python3 -m kvbench decode-bench $E --out $OUT/r/e2e-$n-$v) > $OUT/r/e2e-$n-$v.log 2>&1
   echo "e2e $n $v rc=$? t=$SECONDS"
-  python3 -c "
-import csv, sys
-rows = [r for r in csv.DictReader(open(sys.argv[1])) if r['decode_tok_s']]
-print('  ' + ' '.join(f\"{r['kv_cache_mode']}@{int(r['context_tokens'])//1024}k/{r['batch']}={float(r['decode_tok_s']):.1f}({float(r['decode_ratio_vs_fp16'] or 1):.4f})\" for r in rows))
-" $OUT/r/e2e-$n-$v/bench.csv
+  python3 scripts/exp/bench_summary.py $OUT/r/e2e-$n-$v/bench.csv
 done
 [ "${ONLY_E2E:-0}" = 1 ] && { (cd $OUT && tar czf bf16-scales.tgz r && rm -rf r); exit 0; }
 for v in N O; do

@@ -25,10 +25,6 @@ for v in ${ORDER:-base p2048 er erp2048 p4096 p1024 base}; do
   KVBENCH_ATTN_CONFIG="$cfg" KVBENCH_GEMV_PREFETCH_K="$pf" timeout 120 python3 -m kvbench decode-bench $E \
     --out $OUT/r/run-$n-$v > $OUT/r/run-$n-$v.log 2>&1
   echo "run $n $v rc=$? t=$SECONDS"
-  python3 -c "
-import csv, sys
-rows = [r for r in csv.DictReader(open(sys.argv[1])) if r['decode_tok_s']]
-print('  ' + ' '.join(f\"{r['kv_cache_mode']}@{int(r['context_tokens'])//1024}k/{r['batch']}={float(r['decode_tok_s']):.1f}({float(r['decode_ratio_vs_fp16'] or 1):.4f})\" for r in rows))
-" $OUT/r/run-$n-$v/bench.csv
+  python3 scripts/exp/bench_summary.py $OUT/r/run-$n-$v/bench.csv
 done
 (cd $OUT && tar czf tail-prefetch.tgz r && rm -rf r)
