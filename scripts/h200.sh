@@ -156,7 +156,7 @@ step() {
       --contexts 2k,8k,32k --out $OUT/audit-raw-turbo4 --quiet ;;
   ktests)
     KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
-      tests/test_kernels.py tests/test_fast_decode.py tests/test_pdl.py > $OUT/gpu-kernel-tests.txt 2>&1
+      tests/test_kernels.py tests/test_fast_decode.py tests/test_pdl.py tests/test_prefetch.py > $OUT/gpu-kernel-tests.txt 2>&1
     tail -5 $OUT/gpu-kernel-tests.txt ;;
   peers-audit)
     timeout ${PEERS_AUDIT_TIMEOUT:-200} python3 -m kvbench audit --model $G --modes fp16,int8,turbo4-asym,hf:all \
@@ -580,6 +580,10 @@ BG)  # (carry .gpu/whl; twelfth session) the merge's loads first, two warps: sta
   bench1 BG ${BENCH1_TIMEOUT:-200}
   (cd $OUT && tar czf all.tgz bench BG-bench.log stamps-*.txt)
   wheels && TEST_TIMEOUT=$((560 - SECONDS)) step ktests ;;
+BH)  # (carry .gpu/whl; thirteenth session) the benchmark at the final commit, then the GPU tests
+  bench1 BH ${BENCH1_TIMEOUT:-240}
+  (cd $OUT && tar czf all.tgz bench BH-bench.log)
+  wheels && TEST_TIMEOUT=$((570 - SECONDS)) step ktests ;;
 BF)  # after BE, same machine (carry .gpu/whl): the kernel, engine and PDL tests on compiled kernels
   wheels && TEST_TIMEOUT=${TEST_TIMEOUT:-330} step ktests ;;
 AF)  # after AE (carry .gpu/m0): the model's first half staged for AG

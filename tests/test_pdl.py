@@ -42,6 +42,8 @@ PTX_PROBE = textwrap.dedent(
         for n in fn.arg_names:
             if n in consts:
                 sig[n] = "constexpr"
+            elif n in ("PF_TABLE", "PF_LEN", "pf_budget"):
+                sig[n] = {"PF_TABLE": "*i64", "PF_LEN": "*i32", "pf_budget": "i64"}[n]
             elif n.endswith("_ptr") or n in ("X", "Y", "S1", "S2", "W", "B"):
                 sig[n] = "*fp32" if n in ("Y", "S1", "S2") else "*bf16"
             else:
@@ -53,7 +55,18 @@ PTX_PROBE = textwrap.dedent(
     for pdl in (False, True):
         kernels = {
             "rmsnorm": plain(_rmsnorm_kernel, {"HAS_RES": True, "BLOCK": 1024, "PDL": pdl}, 4),
-            "rope_qk": plain(_rope_qk_kernel, {"HAS_QN": False, "HAS_KN": False, "HB": 8, "BLOCK_D": 64, "PDL": pdl}, 2),
+            "rope_qk": plain(_rope_qk_kernel, {"HAS_QN": False, "HAS_KN": False, "HB": 8, "BLOCK_D": 64,
+                                               "PF_REGIONS": 0, "PF_NT": 64, "PF_EVICT_LAST": False, "PF_LINES": False,
+                                               "PDL": pdl}, 2),
+            "rope_qk_pf": plain(_rope_qk_kernel, {"HAS_QN": False, "HAS_KN": False, "HB": 8, "BLOCK_D": 64,
+                                                  "PF_REGIONS": 3, "PF_NT": 64, "PF_EVICT_LAST": False, "PF_LINES": False,
+                                                  "PDL": pdl}, 2),
+            "rope_qk_pf_last": plain(_rope_qk_kernel, {"HAS_QN": False, "HAS_KN": False, "HB": 8, "BLOCK_D": 64,
+                                                       "PF_REGIONS": 2, "PF_NT": 64, "PF_EVICT_LAST": True, "PF_LINES": False,
+                                                       "PDL": pdl}, 2),
+            "gemv_pf": plain(_gemv_kernel, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128, "EVEN_K": True,
+                                            "HAS_BIAS": True, "PREFETCH_K": 256 if pdl else 0, "PF_REGIONS": 2,
+                                            "PF_NT": 128, "PF_EVICT_LAST": False, "PF_LINES": True, "PDL": pdl}, 4),
             "silu_mul": plain(_silu_mul_kernel, {"BLOCK": 512, "PDL": pdl}, 2),
             "rotate": plain(_rotate_kernel, {"D": 64, "BLOCK_R": 1, **wht_params(64), "PDL": pdl}, 1),
             "split-fp16": compile_split("fp16", 64, 4, 2, dim=64, pdl=pdl),
@@ -61,7 +74,8 @@ PTX_PROBE = textwrap.dedent(
             "reduce-turbo4-asym": compile_reduce("turbo4-asym", True, dim=64, pdl=pdl),
             "reduce2-fp16": compile_reduce("fp16", True, dim=64, pdl=pdl, warps=2),
             "gemv": plain(_gemv_kernel, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 128, "EVEN_K": True,
-                                         "HAS_BIAS": True, "PREFETCH_K": 256 if pdl else 0, "PDL": pdl}, 4),
+                                         "HAS_BIAS": True, "PREFETCH_K": 256 if pdl else 0, "PF_REGIONS": 0,
+                                         "PF_NT": 128, "PF_EVICT_LAST": False, "PF_LINES": False, "PDL": pdl}, 4),
         }
         out[str(pdl)] = {name: k.asm["ptx"] for name, k in kernels.items()}
     json.dump(out, sys.stdout)
@@ -132,6 +146,30 @@ def test_pdl_gemv_prefetches_weights_before_it_waits(ptx):
     wait = on.find("griddepcontrol.wait")
     assert 0 <= on.find("prefetch.global.L2") < wait
     assert first(on, MEMORY_OPS) > wait
+
+
+@pytest.mark.parametrize("name", ["rope_qk_pf", "rope_qk_pf_last"])
+def test_pdl_rope_prefetches_the_cache_before_it_waits(ptx, name):
+    """With a prefetch table, RoPE asks L2 for the cache (bulk prefetches, evict-last where asked)
+    before it waits for the QKV GEMV; it stores nothing before the wait and still lets the split
+    kernel start only as it exits. Without PDL there is no prefetch (and ptxas took the PTX)."""
+    on, off = ptx["True"][name], ptx["False"][name]
+    assert "prefetch" not in off and "griddepcontrol" not in off
+    wait = on.find("griddepcontrol.wait")
+    assert 0 <= on.find("cp.async.bulk.prefetch.L2.global") < wait
+    assert ("createpolicy.fractional.L2::evict_last" in on) == name.endswith("_last")
+    assert "griddepcontrol.launch_dependents" not in on
+    assert on.find("st.global") > wait
+
+
+def test_pdl_gemv_prefetches_the_cache_line_by_line_before_it_waits(ptx):
+    """With a prefetch table (by line), the GEMV asks L2 for the cache's lines (predicated line
+    prefetches, beside its own weight lines) before it waits; nothing is stored before the wait."""
+    on, off = ptx["True"]["gemv_pf"], ptx["False"]["gemv_pf"]
+    assert "prefetch" not in off
+    wait = on.find("griddepcontrol.wait")
+    assert 0 <= on.find("@p prefetch.global.L2") < wait and "cp.async.bulk" not in on
+    assert on.find("st.global") > wait
 
 
 def test_pdl_only_where_asked_and_supported():

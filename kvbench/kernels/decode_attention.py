@@ -770,6 +770,13 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     cfg["int8_dot"] = "mixed"
     # delegated: the hot window's split counts in the grid's split budget (False: one more on top)
     cfg["hot_in_budget"] = True
+    # `splits`: a fixed split count (None: `choose_num_splits`), for experiments
+    cfg["splits"] = None
+    # Under PDL, ask L2 for the layer's cache, [0, L) of every plane, while the QKV GEMV still
+    # runs (`kernels.prefetch`), when it comes to at most `l2_prefetch_mb` MiB (0: never); from
+    # `l2_prefetch_from` "rope" (its few programs, before they wait) or "gemv" (the QKV GEMV's);
+    # `l2_prefetch_policy` "normal" or "evict_last"; `l2_prefetch_lines`: by 128-byte line, not in bulk
+    cfg.update(l2_prefetch_mb=0.0, l2_prefetch_from="rope", l2_prefetch_policy="normal", l2_prefetch_lines=False)
     # The split kernel's online softmax. `rescale_tau`: rescale the running sums only when a row's
     # maximum rose by more than this (log2 units; 0: at every block). `defer_sums`: sum the weights
     # per element and over tokens once after the loop, not across warps every block (fewer
@@ -904,14 +911,38 @@ class DecodeWorkspace:
         b, hq, dim = q.shape
         cfg = default_config(mode, batch=b)
         block_n = block_n or cfg["block_n"]
-        s = num_splits or choose_num_splits(
-            b, n_kv_heads, capacity, block_n, q.device, cfg["programs_per_sm"], cfg.get("nearest", False)
+        s = (
+            num_splits
+            or cfg["splits"]
+            or choose_num_splits(
+                b, n_kv_heads, capacity, block_n, q.device, cfg["programs_per_sm"], cfg.get("nearest", False)
+            )
         )
         delegated = FORMATS[mode][1] == "delegated"
         if delegated:  # the last split takes the hot window. Counted in the budget, the grid keeps
             # 2 programs per SM at batch 1 (264 on an H200); one more on top put a third on 8 SMs
             s = max(s + (num_splits is None and not cfg["hot_in_budget"]), 2)
         return cls(b, hq, dim, s, q.device, two_planes=delegated)
+
+
+def l2_prefetch_args(mode: str, buffers: dict[str, torch.Tensor], batch: int, length: torch.Tensor):
+    """(where, args) for a cache of `mode` (its storage `buffers`, fixed from here on) at decode
+    `batch`: the kernel that asks L2 for it ("rope" or "gemv") and its `prefetch` argument; None
+    where the mode's config turns it off."""
+    from kvbench.kernels.prefetch import POLICIES, region_table
+
+    cfg = default_config(mode, batch=batch)
+    if not cfg["l2_prefetch_mb"] or cfg["l2_prefetch_mb"] <= 0:
+        return None
+    if cfg["l2_prefetch_policy"] not in POLICIES:
+        raise ValueError(f"l2_prefetch_policy must be one of {', '.join(POLICIES)}, got {cfg['l2_prefetch_policy']!r}")
+    table = region_table(FORMATS[mode][1], buffers)
+    if table is None:
+        return None
+    if cfg["l2_prefetch_from"] not in ("rope", "gemv"):
+        raise ValueError(f"l2_prefetch_from must be 'rope' or 'gemv', got {cfg['l2_prefetch_from']!r}")
+    args = (table, length, int(cfg["l2_prefetch_mb"] * 2**20), cfg["l2_prefetch_policy"] == "evict_last")
+    return cfg["l2_prefetch_from"], (*args, bool(cfg["l2_prefetch_lines"]))
 
 
 def prmt_table(codebook: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from kvbench.kernels import fused_ops_reference as ref
 from kvbench.kernels.launch import pdl_enter, pdl_kwargs
+from kvbench.kernels.prefetch import l2_prefetch
 
 __all__ = ["rmsnorm", "rope_qk", "silu_mul"]
 
@@ -230,10 +231,19 @@ def _rope_qk_kernel(
     HAS_KN: tl.constexpr,
     HB: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PF_TABLE=None,
+    PF_LEN=None,
+    pf_budget=0,
+    PF_REGIONS: tl.constexpr = 0,
+    PF_NT: tl.constexpr = 128,
+    PF_EVICT_LAST: tl.constexpr = False,
+    PF_LINES: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     # One program: one token (b, t) x HB consecutive heads of the [q | k | v]
     # head axis (a contiguous chunk of the qkv row).
+    if PDL and PF_REGIONS > 0:  # the attention's cache is not the QKV GEMV's output: ask L2 for it first
+        l2_prefetch(PF_TABLE, PF_LEN, pf_budget, PF_TABLE, PF_REGIONS, PF_NT, PF_EVICT_LAST, PF_LINES)
     pdl_enter(PDL, False)  # the attention's split grid starts once this kernel is off the SMs
     pid = tl.program_id(0)
     b = (pid // T).to(tl.int64)
@@ -304,6 +314,7 @@ def rope_qk(
     k_norm: torch.Tensor | None = None,
     eps: float = 1e-6,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    prefetch: tuple[torch.Tensor, torch.Tensor, int, bool] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused qkv projection [B, T, (Hq + 2 Hkv) * D] (or [B, N] for T = 1)
     -> (q [B, Hq, T, D], k [B, Hkv, T, D], v [B, Hkv, T, D]) in one launch.
@@ -314,6 +325,11 @@ def rope_qk(
     with `eps`). `out=(q, k, v)` writes into preallocated tensors of those
     shapes with any strides (e.g. a slice of a [B, H, Tmax, D] cache) as long as
     the last one is 1; fresh outputs are contiguous. All in qkv's dtype.
+
+    `prefetch=(table, L, budget, evict_last, lines)`: under PDL, before waiting for the QKV
+    GEMV, the programs ask L2 for the attention's cache (`kernels.prefetch`: a `region_table`,
+    the device length L, a byte budget, the L2 policy, line by line or in bulk); ignored
+    without PDL.
     """
     hq, hk, d = n_heads, n_kv_heads, head_dim
     if d % 2:
@@ -354,6 +370,13 @@ def rope_qk(
     n_rows = hq + 2 * hk
     hb = min(triton.next_power_of_2(n_rows), max(1, 1024 // block_d))
     grid = (bsz * t, triton.cdiv(n_rows, hb))
+    warps = 4 if hb * block_d >= 1024 else 2
+    pdl = pdl_kwargs(q3)
+    pf = {}
+    if prefetch is not None and pdl["PDL"]:
+        table, length, budget, evict_last, by_line = prefetch
+        pf = dict(PF_TABLE=table, PF_LEN=length, pf_budget=int(budget), PF_REGIONS=table.shape[0] - 1,
+                  PF_NT=32 * warps, PF_EVICT_LAST=bool(evict_last), PF_LINES=bool(by_line))  # fmt: skip
     _rope_qk_kernel[grid](
         q3,
         cos,
@@ -387,9 +410,10 @@ def rope_qk(
         HAS_KN=k_norm is not None,
         HB=hb,
         BLOCK_D=block_d,
-        num_warps=4 if hb * block_d >= 1024 else 2,
+        **pf,
+        num_warps=warps,
         enable_fp_fusion=False,  # else x*cos + r contracts to one fma: one rounding, not eager's two
-        **pdl_kwargs(q3),
+        **pdl,
     )
     return q_o, k_o, v_o
 

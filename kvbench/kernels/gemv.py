@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from kvbench.kernels.launch import pdl_kwargs, release_dependents, wait_prior
+from kvbench.kernels.prefetch import l2_prefetch
 
 __all__ = ["GEMV_ENV", "gemv_config", "gemv_enabled", "linear"]
 
@@ -66,6 +67,13 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     PREFETCH_K: tl.constexpr,
+    PF_TABLE=None,
+    PF_LEN=None,
+    pf_budget=0,
+    PF_REGIONS: tl.constexpr = 0,
+    PF_NT: tl.constexpr = 128,
+    PF_EVICT_LAST: tl.constexpr = False,
+    PF_LINES: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     # grid: (cdiv(N, BLOCK_N),): one program per BLOCK_N output columns, all M rows
@@ -78,6 +86,8 @@ def _gemv_kernel(
             lines = tl.arange(0, PREFETCH_K // 64) * 64  # 64 16-bit elements = one 128-byte line
             last = (N - 1).to(tl.int64) * stride_wn  # rows past N ask for the last row's lines again
             _prefetch_l2(W + tl.minimum(rn.to(tl.int64) * stride_wn, last)[:, None] + lines[None, :])
+        if PF_REGIONS > 0:  # the next attention's cache (`kernels.prefetch`), shared out over the programs
+            l2_prefetch(PF_TABLE, PF_LEN, pf_budget, PF_TABLE, PF_REGIONS, PF_NT, PF_EVICT_LAST, PF_LINES)
         wait_prior()
         release_dependents()
     rm = tl.arange(0, BLOCK_M)
@@ -156,12 +166,20 @@ def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, out: torch.Tensor | None = None, **knobs
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    prefetch: tuple | None = None,
+    **knobs,
 ) -> torch.Tensor:
     """`F.linear(x, weight, bias)`, through the GEMV kernel where it applies (see the module doc).
 
     `out` (x's leading shape by N, x's dtype, contiguous) receives the result when given.
-    `knobs` override `gemv_config` (BLOCK_N, BLOCK_K, num_warps, num_stages, PREFETCH_K)."""
+    `knobs` override `gemv_config` (BLOCK_N, BLOCK_K, num_warps, num_stages, PREFETCH_K).
+    `prefetch=(table, L, budget, evict_last, lines)`: under PDL the programs also ask L2 for an
+    attention's cache before they wait (`kernels.prefetch`)."""
     if not _applies(x, weight):
         y = F.linear(x, weight, bias)
         return y if out is None else out.copy_(y)
@@ -179,8 +197,13 @@ def linear(
         cfg["PREFETCH_K"] = 0
     lines = min(cfg["PREFETCH_K"], k) // 64  # whole 128-byte lines inside each row, a power of two of them
     cfg["PREFETCH_K"] = 64 * (1 << (lines.bit_length() - 1)) if lines else 0
+    pf = {}
+    if prefetch is not None and pdl["PDL"]:
+        table, length, budget, evict_last, by_line = prefetch
+        pf = dict(PF_TABLE=table, PF_LEN=length, pf_budget=int(budget), PF_REGIONS=table.shape[0] - 1,
+                  PF_NT=32 * cfg["num_warps"], PF_EVICT_LAST=bool(evict_last), PF_LINES=bool(by_line))  # fmt: skip
     _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
         x2, weight, bias if bias is not None else weight, y, m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
-        BLOCK_M=MAX_ROWS, EVEN_K=k % cfg["BLOCK_K"] == 0, HAS_BIAS=bias is not None, **cfg, **pdl,
+        BLOCK_M=MAX_ROWS, EVEN_K=k % cfg["BLOCK_K"] == 0, HAS_BIAS=bias is not None, **cfg, **pf, **pdl,
     )  # fmt: skip
     return y.view(*x.shape[:-1], n)
