@@ -73,6 +73,7 @@ def test_prefetch_chunks_cover_every_plane_once(mode, seed):
     assert sum(len(c) for c in _recorded(table, cap, full, (1, 2), 32)) > 0
 
 
+@pytest.mark.skipif(not INTERPRETED, reason="host-side, on CPU tensors")
 @pytest.mark.parametrize("mode", list(FORMATS))
 def test_region_table_describes_the_buffers(mode):
     """A row per buffer; its planes tile the buffer's storage exactly (int8's token-major V
@@ -121,7 +122,7 @@ def test_prefetch_same_bits_on_gpu(policy, seed):
             for other in outs[1:]:
                 for a, b in zip(outs[0], other, strict=True):
                     assert torch.equal(a, b)
-            for k, v in bufs.items():
-                assert torch.equal(v, before[k]), k
+            for k, v in bufs.items():  # bit for bit (the poison past L is NaN)
+                assert torch.equal(v.contiguous().view(torch.uint8), before[k].contiguous().view(torch.uint8)), k
     finally:
         torch.set_default_device(None)
