@@ -742,7 +742,8 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     cfg = {"block_n": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": (2, 4)}
     cfg.update(fuse_append=True, reduce_warps=None)  # None: 1 warp up to 32 splits, else 2 (`reduce_warps`)
     cfg["early_release"] = True
-    if mode == "fp16":
+    if mode == "fp16":  # at batch 1, 17 splits (136 programs): 16 were 0.4% faster end to end at 2K, 0.4-0.6%
+        # slower at 8K and 32K (results/2026-12-02f-h200/experiments/l2-prefetch-rope, runs 9-12)
         cfg["programs_per_sm"] = (1, 1)
     elif mode == "int8":  # token-major V: ~2 programs per SM at batch 1 and 16 (2026-11-30 sweep)
         cfg.update(programs_per_sm=(2, 2), nearest=True)
@@ -775,7 +776,10 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # Under PDL, ask L2 for the layer's cache, [0, L) of every plane, while the QKV GEMV still
     # runs (`kernels.prefetch`), when it comes to at most `l2_prefetch_mb` MiB (0: never); from
     # `l2_prefetch_from` "rope" (its few programs, before they wait) or "gemv" (the QKV GEMV's);
-    # `l2_prefetch_policy` "normal" or "evict_last"; `l2_prefetch_lines`: by 128-byte line, not in bulk
+    # `l2_prefetch_policy` "normal" or "evict_last"; `l2_prefetch_lines`: by 128-byte line, not in bulk.
+    # Off in every mode: on the H200 every variant slowed every mode end to end (fp16 at 8K, batch 1:
+    # 227-230 tok/s -> 196 from RoPE in bulk, 207.5 from the GEMV in bulk, 221.6 by line; turbo4-asym
+    # 226-229 -> 204-224; results/2026-12-02f-h200/experiments)
     cfg.update(l2_prefetch_mb=0.0, l2_prefetch_from="rope", l2_prefetch_policy="normal", l2_prefetch_lines=False)
     # The split kernel's online softmax. `rescale_tau`: rescale the running sums only when a row's
     # maximum rose by more than this (log2 units; 0: at every block). `defer_sums`: sum the weights

@@ -14,6 +14,11 @@ kv head, or per channel of int8's token-major V), the bytes between planes and p
 token, and the tokens a plane holds. The prefetch covers min(L, tokens) tokens of every
 plane, and only when the whole of it fits in `budget` bytes (at 32K, or at batch 16,
 a layer's cache is larger than L2, and what a budget would keep is read back anyway).
+The QKV GEMV's programs can do the same instead (`linear(..., prefetch=...)`), in bulk or
+one 128-byte line at a time.
+
+Off by default (`default_config`'s `l2_prefetch_mb=0`): measured end to end on the H200,
+every variant made every mode slower, fp16 most (docs/kernel-notes.md, thirteenth session).
 """
 
 from __future__ import annotations
