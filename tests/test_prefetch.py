@@ -126,3 +126,17 @@ def test_prefetch_same_bits_on_gpu(policy, seed):
                 assert torch.equal(v.contiguous().view(torch.uint8), before[k].contiguous().view(torch.uint8)), k
     finally:
         torch.set_default_device(None)
+
+
+def test_launch_args_only_under_pdl():
+    """The PF_* launch arguments: none without a table or without PDL; else the table's regions
+    (its last row is the log size) and one lane per thread."""
+    from kvbench.kernels.prefetch import launch_args
+
+    table = torch.zeros(4, 5, dtype=torch.int64)
+    length = torch.tensor([3], dtype=torch.int32)
+    assert launch_args(None, 4, True) == {} and launch_args((table, length, 10, False, True), 4, False) == {}
+    args = launch_args((table, length, 2.0**20, True, False), 4, True)
+    assert args["PF_REGIONS"] == 3 and args["PF_NT"] == 128 and args["pf_budget"] == 2**20
+    assert args["PF_TABLE"] is table and args["PF_LEN"] is length
+    assert args["PF_EVICT_LAST"] is True and args["PF_LINES"] is False

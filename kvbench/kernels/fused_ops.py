@@ -32,7 +32,7 @@ import triton.language as tl
 
 from kvbench.kernels import fused_ops_reference as ref
 from kvbench.kernels.launch import pdl_enter, pdl_kwargs
-from kvbench.kernels.prefetch import l2_prefetch
+from kvbench.kernels.prefetch import l2_prefetch, launch_args
 
 __all__ = ["rmsnorm", "rope_qk", "silu_mul"]
 
@@ -372,11 +372,7 @@ def rope_qk(
     grid = (bsz * t, triton.cdiv(n_rows, hb))
     warps = 4 if hb * block_d >= 1024 else 2
     pdl = pdl_kwargs(q3)
-    pf = {}
-    if prefetch is not None and pdl["PDL"]:
-        table, length, budget, evict_last, by_line = prefetch
-        pf = dict(PF_TABLE=table, PF_LEN=length, pf_budget=int(budget), PF_REGIONS=table.shape[0] - 1,
-                  PF_NT=32 * warps, PF_EVICT_LAST=bool(evict_last), PF_LINES=bool(by_line))  # fmt: skip
+    pf = launch_args(prefetch, warps, pdl["PDL"])
     _rope_qk_kernel[grid](
         q3,
         cos,

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kvbench.kernels.launch import pdl_kwargs, release_dependents, wait_prior
-from kvbench.kernels.prefetch import l2_prefetch
+from kvbench.kernels.prefetch import l2_prefetch, launch_args
 
 __all__ = ["GEMV_ENV", "gemv_config", "gemv_enabled", "linear"]
 
@@ -197,11 +197,7 @@ def linear(
         cfg["PREFETCH_K"] = 0
     lines = min(cfg["PREFETCH_K"], k) // 64  # whole 128-byte lines inside each row, a power of two of them
     cfg["PREFETCH_K"] = 64 * (1 << (lines.bit_length() - 1)) if lines else 0
-    pf = {}
-    if prefetch is not None and pdl["PDL"]:
-        table, length, budget, evict_last, by_line = prefetch
-        pf = dict(PF_TABLE=table, PF_LEN=length, pf_budget=int(budget), PF_REGIONS=table.shape[0] - 1,
-                  PF_NT=32 * cfg["num_warps"], PF_EVICT_LAST=bool(evict_last), PF_LINES=bool(by_line))  # fmt: skip
+    pf = launch_args(prefetch, cfg["num_warps"], pdl["PDL"])
     _gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
         x2, weight, bias if bias is not None else weight, y, m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
         BLOCK_M=MAX_ROWS, EVEN_K=k % cfg["BLOCK_K"] == 0, HAS_BIAS=bias is not None, **cfg, **pf, **pdl,

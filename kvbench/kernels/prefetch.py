@@ -31,7 +31,7 @@ import triton.language as tl
 
 from kvbench.kernels.quantize import buffer_layout
 
-__all__ = ["CHUNK", "LINE", "POLICIES", "l2_prefetch", "planned_ranges", "region_table"]
+__all__ = ["CHUNK", "LINE", "POLICIES", "l2_prefetch", "launch_args", "planned_ranges", "region_table"]
 
 CHUNK = 16384  # bytes per bulk prefetch (a multiple of 16, as the instruction needs)
 _CHUNK = tl.constexpr(CHUNK)
@@ -116,6 +116,23 @@ def l2_prefetch(
                     _line_prefetch(base + plane * stride + off, ok)
                 else:
                     _bulk_prefetch(base + plane * stride + off, size, ok, EVICT_LAST)
+
+
+def launch_args(prefetch: tuple | None, num_warps: int, pdl: bool) -> dict:
+    """The PF_* arguments of a kernel that calls `l2_prefetch` (RoPE, the GEMV), from a
+    `prefetch=(table, L, budget, evict_last, lines)` argument; none without PDL."""
+    if prefetch is None or not pdl:
+        return {}
+    table, length, budget, evict_last, by_line = prefetch
+    return {
+        "PF_TABLE": table,
+        "PF_LEN": length,
+        "pf_budget": int(budget),
+        "PF_REGIONS": table.shape[0] - 1,
+        "PF_NT": 32 * num_warps,
+        "PF_EVICT_LAST": bool(evict_last),
+        "PF_LINES": bool(by_line),
+    }
 
 
 def _region(buf: torch.Tensor, token_major: int | None) -> tuple[int, int, int, int, int] | None:
