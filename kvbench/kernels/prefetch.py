@@ -37,7 +37,6 @@ CHUNK = 16384  # bytes per bulk prefetch (a multiple of 16, as the instruction n
 _CHUNK = tl.constexpr(CHUNK)
 LINE = 128  # bytes per line prefetch (LINES)
 _LINE = tl.constexpr(LINE)
-COLS = 5  # a region row: address, planes, bytes between planes, bytes per token, tokens per plane
 POLICIES = ("normal", "evict_last")
 
 
@@ -83,9 +82,11 @@ def l2_prefetch(
 ):  # fmt: skip
     """Called by every program of a (1- or 2-D) grid: together they ask L2 for every region's
     first min(L, tokens) tokens of each plane, NT chunks at a time per program, unless the
-    total exceeds `budget` bytes. LINES: one `prefetch.global.L2` per 128-byte line instead of
-    a bulk prefetch per CHUNK bytes (EVICT_LAST then unused). RECORD (tests): store each chunk's (offset from the region's
-    address, size) into LOG[region, chunk] instead (the Triton interpreter runs no PTX)."""
+    total exceeds `budget` bytes. TABLE: `region_table`'s rows (address, planes, bytes between
+    planes, bytes per token, tokens per plane). LINES: one `prefetch.global.L2` per 128-byte
+    line instead of a bulk prefetch per CHUNK bytes (EVICT_LAST then unused). RECORD (tests):
+    store each chunk's (offset from the region's address, size) into LOG[region, chunk] instead
+    (the Triton interpreter runs no PTX)."""
     pid = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64)
     n_prog = (tl.num_programs(0) * tl.num_programs(1)).to(tl.int64)
     length = tl.load(LEN).to(tl.int64)
