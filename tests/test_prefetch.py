@@ -6,6 +6,7 @@ chunking runs in RECORD mode (each chunk's offset and size stored instead of fet
 decode step's bits must not change with it on.
 """
 
+import json
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1" if os.environ.get("KVBENCH_TEST_DEVICE", "cpu") == "cpu" else "0")
@@ -140,3 +141,24 @@ def test_launch_args_only_under_pdl():
     assert args["PF_REGIONS"] == 3 and args["PF_NT"] == 128 and args["pf_budget"] == 2**20
     assert args["PF_TABLE"] is table and args["PF_LEN"] is length
     assert args["PF_EVICT_LAST"] is True and args["PF_LINES"] is False
+
+
+def test_l2_prefetch_args_by_config(monkeypatch):
+    """Off by default ({}, {}); `l2_prefetch_mb` and `l2_prefetch_from` give the GEMV or RoPE the
+    `prefetch` argument (a table of the cache's buffers); a bad choice is a one-line error."""
+    from kvbench.kernels.decode_attention import l2_prefetch_args
+
+    bufs = make_cache("int8", 1, 2, 64, 160, 100, 60, torch.float16, codec_kwargs("int8", 64))
+    length = torch.tensor([100], dtype=torch.int32)
+    assert l2_prefetch_args("int8", bufs, 1, length) == ({}, {})
+    for where, lines in (("gemv", True), ("rope", False)):
+        cfg = {"l2_prefetch_mb": 2, "l2_prefetch_from": where, "l2_prefetch_lines": lines}
+        monkeypatch.setenv("KVBENCH_ATTN_CONFIG", json.dumps({"int8": cfg}))
+        gemv_kw, rope_kw = l2_prefetch_args("int8", bufs, 1, length)
+        table, got_len, budget, evict_last, by_line = (gemv_kw if where == "gemv" else rope_kw)["prefetch"]
+        assert (rope_kw if where == "gemv" else gemv_kw) == {}
+        assert table.shape[0] == len(bufs) + 1 and got_len is length and budget == 2 * 2**20
+        assert evict_last is False and by_line is lines
+    monkeypatch.setenv("KVBENCH_ATTN_CONFIG", json.dumps({"int8": {"l2_prefetch_from": "split"}}))
+    with pytest.raises(ValueError, match="l2_prefetch_from"):
+        l2_prefetch_args("int8", bufs, 1, length)

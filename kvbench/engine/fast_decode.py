@@ -70,16 +70,18 @@ class FastDecoder:
                 )
         for c in caches:
             c.begin_decode()
-        # per layer: what the RoPE kernel asks L2 for ahead of the attention (None: nothing)
+        # per layer: the QKV GEMV's and RoPE's extra arguments, where one of them asks L2 for the
+        # attention's cache ahead of it (`kernels.prefetch`; off by default)
         self.prefetch = [self._prefetch_args(c) for c in caches]
         self.steps = 0
 
-    def _prefetch_args(self, cache):
+    def _prefetch_args(self, cache) -> tuple[dict, dict]:
         from kvbench.kernels.decode_attention import l2_prefetch_args
 
         if not self.pdl or self.model.device.type != "cuda":
-            return None
-        return l2_prefetch_args(cache.kernel_mode, cache.buffers, self.batch, self.state[0:1])
+            return {}, {}
+        gemv_kw, rope_kw = l2_prefetch_args(cache.kernel_mode, cache.buffers, self.batch, self.state[0:1])
+        return (gemv_kw if self.gemv else {}), rope_kw
 
     # ------------------------------------------------------------- the step body
     def _body(self) -> None:
@@ -103,15 +105,13 @@ class FastDecoder:
         x = m.tok_embeddings(self.tok)  # [B, 1, H]
         cos, sin = rope_cos_sin(m.inv_freq, m.rope_scale, pos, x.dtype)
         residual = None
-        for layer, cache, prefetch in zip(m.layers, self.caches, self.prefetch, strict=True):
+        for layer, cache, (gemv_kw, rope_kw) in zip(m.layers, self.caches, self.prefetch, strict=True):
             at = layer.attn
             if residual is None:
                 h, residual = rmsnorm(x, layer.attn_norm.weight, layer.attn_norm.eps), x
             else:
                 h, residual = rmsnorm(x, layer.attn_norm.weight, layer.attn_norm.eps, residual=residual)
-            where, pf = prefetch or (None, None)
-            gemv_pf = {"prefetch": pf} if where == "gemv" and self.gemv else {}
-            qkv = linear(h, at.wqkv.weight, at.wqkv.bias, **gemv_pf)
+            qkv = linear(h, at.wqkv.weight, at.wqkv.bias, **gemv_kw)
             qn = at.q_norm.weight if at.q_norm is not None else None
             kn = at.k_norm.weight if at.k_norm is not None else None
             eps = at.q_norm.eps if at.q_norm is not None else 1e-6
@@ -125,7 +125,7 @@ class FastDecoder:
                 q_norm=qn,
                 k_norm=kn,
                 eps=eps,
-                prefetch=pf if where == "rope" else None,
+                **rope_kw,
             )
             o = cache.fused_decode(
                 q[:, :, 0], k[:, :, 0], v[:, :, 0], length, cold, self.workspaces[cache.kernel_mode], at.scale

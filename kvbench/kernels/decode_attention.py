@@ -930,23 +930,22 @@ class DecodeWorkspace:
 
 
 def l2_prefetch_args(mode: str, buffers: dict[str, torch.Tensor], batch: int, length: torch.Tensor):
-    """(where, args) for a cache of `mode` (its storage `buffers`, fixed from here on) at decode
-    `batch`: the kernel that asks L2 for it ("rope" or "gemv") and its `prefetch` argument; None
-    where the mode's config turns it off."""
+    """The extra keyword arguments of the QKV projection and of RoPE, as (gemv, rope), that make
+    the kernel named by `l2_prefetch_from` ask L2 for a cache of `mode` (its storage `buffers`,
+    fixed from here on) at decode `batch`; ({}, {}) where the mode's config turns it off."""
     from kvbench.kernels.prefetch import POLICIES, region_table
 
     cfg = default_config(mode, batch=batch)
-    if not cfg["l2_prefetch_mb"] or cfg["l2_prefetch_mb"] <= 0:
-        return None
     if cfg["l2_prefetch_policy"] not in POLICIES:
         raise ValueError(f"l2_prefetch_policy must be one of {', '.join(POLICIES)}, got {cfg['l2_prefetch_policy']!r}")
-    table = region_table(FORMATS[mode][1], buffers)
-    if table is None:
-        return None
     if cfg["l2_prefetch_from"] not in ("rope", "gemv"):
         raise ValueError(f"l2_prefetch_from must be 'rope' or 'gemv', got {cfg['l2_prefetch_from']!r}")
-    args = (table, length, int(cfg["l2_prefetch_mb"] * 2**20), cfg["l2_prefetch_policy"] == "evict_last")
-    return cfg["l2_prefetch_from"], (*args, bool(cfg["l2_prefetch_lines"]))
+    table = region_table(FORMATS[mode][1], buffers) if cfg["l2_prefetch_mb"] > 0 else None
+    if table is None:
+        return {}, {}
+    evict_last = cfg["l2_prefetch_policy"] == "evict_last"
+    args = {"prefetch": (table, length, int(cfg["l2_prefetch_mb"] * 2**20), evict_last, cfg["l2_prefetch_lines"])}
+    return (args, {}) if cfg["l2_prefetch_from"] == "gemv" else ({}, args)
 
 
 def prmt_table(codebook: torch.Tensor) -> torch.Tensor:

@@ -314,7 +314,7 @@ def rope_qk(
     k_norm: torch.Tensor | None = None,
     eps: float = 1e-6,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    prefetch: tuple[torch.Tensor, torch.Tensor, int, bool] | None = None,
+    prefetch: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused qkv projection [B, T, (Hq + 2 Hkv) * D] (or [B, N] for T = 1)
     -> (q [B, Hq, T, D], k [B, Hkv, T, D], v [B, Hkv, T, D]) in one launch.
