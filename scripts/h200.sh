@@ -584,6 +584,13 @@ BH)  # (carry .gpu/whl; thirteenth session) the benchmark at the final commit, t
   bench1 BH ${BENCH1_TIMEOUT:-240}
   (cd $OUT && tar czf all.tgz bench BH-bench.log)
   wheels && TEST_TIMEOUT=$((570 - SECONDS)) step ktests ;;
+BI)  # (no carry; fourteenth session) fp16 at batch 16 with merge_cols 32 against whole rows, then the benchmark
+  STAMPS= BUDGET_S=150 RUNS="off:8k,32k:16:fp16 f32:8k,32k:16:fp16 off:8k,32k:16:fp16 f32:8k,32k:16:fp16" \
+    bash scripts/exp/merge-cols.sh
+  bench1 BI ${BENCH1_TIMEOUT:-300}
+  (cd $OUT && tar czf all.tgz bench BI-bench.log) ;;
+BJ)  # (carry .gpu/whl) the GPU tests
+  wheels && TEST_TIMEOUT=$((570 - SECONDS)) step ktests ;;
 BF)  # after BE, same machine (carry .gpu/whl): the kernel, engine and PDL tests on compiled kernels
   wheels && TEST_TIMEOUT=${TEST_TIMEOUT:-330} step ktests ;;
 AF)  # after AE (carry .gpu/m0): the model's first half staged for AG

@@ -57,8 +57,10 @@ def compile_split(
     pdl: bool = False,
     rescale_tau: float | None = None,
     defer_sums: bool | None = None,
+    unrotate: bool = False,
 ):
-    """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned."""
+    """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned
+    (`unrotate`: a turbo V's sums inverse-rotated in the kernel, as `merge_cols` launches it)."""
     kf, vf = FORMATS[mode]
     cfg = default_config(mode)
     fn = _decode_split_kernel
@@ -71,6 +73,7 @@ def compile_split(
         **int8_dot_flags(int8_dot or cfg["int8_dot"]), "PDL": pdl, "STAMP": False,
         "RESCALE_TAU": float(cfg["rescale_tau"] if rescale_tau is None else rescale_tau),
         "DEFER_SUMS": bool(cfg["defer_sums"] if defer_sums is None else defer_sums),
+        "UNROTATE": unrotate, "ROWS": triton.next_power_of_2(group), "INV_SQRT_D": wht_params(dim)["INV_SQRT_D"] if unrotate else 1.0,
     }  # fmt: skip
     scales = {"KS": kf, "VS": vf}  # int8's two bf16 scales of a token load as one i32; turbo's typed fp32 here
 
@@ -103,16 +106,21 @@ def compile_sm90(fn, consts, pointers, table, options, aligned=()):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_reduce(mode: str, append: bool, group: int = 4, dim: int = 128, pdl: bool = False, warps: int = 1):
+def compile_reduce(
+    mode: str, append: bool, group: int = 4, dim: int = 128, pdl: bool = False, warps: int = 1, cols: int = 0
+):
     """The reduction kernel of `mode` on `warps` warps (1 up to 32 splits, 2 beyond, as
-    launched), with or without the fresh token's write, compiled for sm_90."""
+    launched), with or without the fresh token's write, compiled for sm_90; `cols`: columns per
+    program (`merge_cols`; 0: whole rows, where a turbo V is inverse-rotated)."""
     kf, vf = FORMATS[mode]
+    whole = not cols
     fn = _decode_reduce_kernel
     cfg = default_config(mode)
     wf = {"float": "float", "int8": "int8", "delegated": "hot"}
     consts = {
-        "G": group, "D": dim, "BLOCK_S": merge_block(warps, 64), "ROTATED": vf.startswith(("turbo", "delegated")),
-        "HAS_HOT": vf == "delegated", "APPEND": append, "WRITE_FIRST": cfg["write_first"] or pdl,
+        "G": group, "D": dim, "BLOCK_S": merge_block(warps, 64, cols or 128),
+        "ROTATED": whole and vf.startswith(("turbo", "delegated")), "HAS_HOT": whole and vf == "delegated",
+        "DC": cols, "APPEND": append, "WRITE_FIRST": cfg["write_first"] or pdl,
         "K_FMT": FORMAT_IDS[wf.get(kf, kf)], "V_FMT": FORMAT_IDS[wf.get(vf, vf)], "V_TOKEN_MAJOR": vf == "int8",
         **wht_params(dim), "PDL": pdl, "EARLY_RELEASE": bool(cfg["early_release"]), "STAMP": False,
     }  # fmt: skip
@@ -188,12 +196,14 @@ def main():
         action="store_true",
         help="the reduction kernel instead: all its instructions (cold paths included), with and without the append",
     )
+    ap.add_argument("--merge-cols", type=int, default=0, help="with --reduce: columns per program (0: whole rows)")
+    ap.add_argument("--unrotate", action="store_true", help="the split kernel inverse-rotates a turbo V's sums")
     args = ap.parse_args()
     top_n = int(os.environ.get("SASS_TOP", 16))
     for mode in args.modes.split(","):
         if args.reduce:
             for append in (False, True):
-                body = [op for _, op in instructions(sass_of(compile_reduce(mode, append, warps=args.reduce_warps)))]
+                body = [op for _, op in instructions(sass_of(compile_reduce(mode, append, warps=args.reduce_warps, cols=args.merge_cols)))]
                 top = ", ".join(f"{op} {n}" for op, n in opcodes(body).most_common(top_n))
                 print(
                     f"{mode} reduction, {'with' if append else 'without'} the append: {len(body)} instructions; {top}"
@@ -207,9 +217,17 @@ def main():
             int8_dot=args.int8_dot,
             rescale_tau=args.rescale_tau,
             defer_sums=None if args.defer_sums is None else bool(args.defer_sums),
+            unrotate=args.unrotate,
         )
-        print(f"{mode}: shared memory {kernel.metadata.shared // 1024} KB, {registers(kernel)} registers per thread")
-        for lo, hi, body, skippable in loops(sass_of(kernel)):
+        sass = sass_of(kernel)
+        every = instructions(sass)
+        found = loops(sass)
+        tail = sum(a > max((hi for _, hi, _, _ in found), default=-1) for a, _ in every)
+        print(
+            f"{mode}: shared memory {kernel.metadata.shared // 1024} KB, {registers(kernel)} registers per thread, "
+            f"{len(every)} instructions, {tail} after the last loop"
+        )
+        for lo, hi, body, skippable in found:
             top = ", ".join(f"{op} {n}" for op, n in opcodes(body).most_common(top_n))
             bars = sum("BAR.SYNC" in op for op in body)
             print(

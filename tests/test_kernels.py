@@ -185,6 +185,27 @@ def test_decode_attention(mode, case, seed):
     assert err < tolerance(mode, dtype), f"seed {seed}: max rel error {err:.2e}"
 
 
+@pytest.mark.parametrize("cols", [16, 32])
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}-cap{}-{}-s{}".format(*c))
+@pytest.mark.parametrize("mode", ref.MODES)
+def test_decode_merge_columns(mode, case, cols, seed):
+    """`merge_cols`: the reduction split over D, `cols` columns a program (cols >= D: whole rows), a
+    turbo V's sums inverse-rotated by each split program on its query group's rows (odd G included)
+    and delegated's hot split stored beside the cold ones."""
+    b, hkv, group, dim, length, cap, dtype, splits = case
+    if GPU and mode == "int8" and dim < 32:
+        pytest.skip("compiled int8 kernels need head_dim >= 32")
+    out, expected = run_decode(mode, b, hkv, group, dim, length, cap, dtype, splits, merge_cols=cols)
+    assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
+    err = max_rel(out, expected)
+    assert err < tolerance(mode, dtype), f"seed {seed}: max rel error {err:.2e}"
+
+
+def test_merge_columns_checked():
+    with pytest.raises(ValueError, match="merge_cols"):
+        run_decode("fp16", 1, 1, 2, 64, 10, 16, F16, 1, merge_cols=24)
+
+
 @pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}-cap{}-{}-s{}".format(*c))
 @pytest.mark.parametrize("int8_v", ["token-major", "row-major"])
 @pytest.mark.parametrize("dot", ["s8", "f16", "mixed"])
@@ -283,12 +304,14 @@ def test_delegated_decode_geometry(hot, seed):
     assert err < tolerance("turbo4-delegated", dtype), f"seed {seed}: max rel error {err:.2e}"
 
 
+@pytest.mark.parametrize("cols", [None, 32])
 @pytest.mark.parametrize("splits", [33, 70])
 @pytest.mark.parametrize("mode", ["fp16", "turbo4-asym", "turbo4-delegated"])
-def test_reduce_merges_many_splits_from_poisoned_workspace(mode, splits, seed):
+def test_reduce_merges_many_splits_from_poisoned_workspace(mode, splits, cols, seed):
     """Past 32 splits the reduction merges on 2 warps, 64 splits a pass (33: one pass, 70: two);
     delegated's hot split leaves its plane-0 row unwritten and the cold splits their plane-1
-    rows: a NaN-filled workspace shows any read of a row that no split wrote this step."""
+    rows: a NaN-filled workspace shows any read of a row that no split wrote this step. With
+    `merge_cols` 32 one warp merges 128 rows of 32 columns a pass, and only plane 0 is written."""
     b, hkv, group, dim, length, cap = 1, 2, 4, 64, 4400, 4500
     kw = codec_kwargs(mode, dim)
     cold = length - 150
@@ -300,32 +323,35 @@ def test_reduce_merges_many_splits_from_poisoned_workspace(mode, splits, seed):
         t.fill_(float("nan"))
     out = torch.full_like(q, float("nan"))
     args = (mode, q, k_new, v_new, bufs, torch.tensor([length], dtype=torch.int32), 1 / math.sqrt(dim))
-    decode_attention(*args, cold_length=cold, out=out, workspace=ws, **attn_kwargs(kw))
+    decode_attention(*args, cold_length=cold, out=out, workspace=ws, merge_cols=cols, **attn_kwargs(kw))
     expected = ref.decode_attention(*args, cold_length=cold, **attn_kwargs(kw))
     assert not out.isnan().any(), f"seed {seed}: a workspace row read that no split wrote"
     err = max_rel(out, expected)
     assert err < tolerance(mode, F16), f"seed {seed}: max rel error {err:.2e}"
 
 
+@pytest.mark.parametrize("cols", [None, 32])
 @pytest.mark.parametrize("mode", ["fp16", "turbo4-delegated"])
-def test_record_stamps(mode, seed):
+def test_record_stamps(mode, cols, seed):
     """The experiments' per-program timer stamps: on a GPU every program of both kernels stamps, in
     order (the reduction, launched after the split kernel without PDL, starts after every split
-    ended) and the output is unchanged; elsewhere a one-line error."""
+    ended) and the output is unchanged; elsewhere a one-line error. With `merge_cols` the
+    reduction has a program per (row, columns)."""
     b, hkv, group, dim, length, splits = 2, 2, 4, 64, 300, 5
     buf = torch.zeros(3, 2, 64, 4, dtype=torch.int64)
     if not GPU:
         with record_stamps(buf), pytest.raises(ValueError, match="CUDA GPU"):
-            run_decode(mode, b, hkv, group, dim, length, 333, F16, splits)
+            run_decode(mode, b, hkv, group, dim, length, 333, F16, splits, merge_cols=cols)
         return
     with record_stamps(buf):
-        out, expected = run_decode(mode, b, hkv, group, dim, length, 333, F16, splits)
-        run_decode(mode, b, hkv, group, dim, length, 333, F16, splits)  # the next slot
+        out, expected = run_decode(mode, b, hkv, group, dim, length, 333, F16, splits, merge_cols=cols)
+        run_decode(mode, b, hkv, group, dim, length, 333, F16, splits, merge_cols=cols)  # the next slot
     assert max_rel(out, expected) < tolerance(mode, F16), f"seed {seed}"
+    reductions = b * hkv * group * (dim // cols if cols else 1)
     for slot in (0, 1):
-        sp, rd = buf[slot, 0, : b * hkv * splits, :2], buf[slot, 1, : b * hkv * group, :3]
+        sp, rd = buf[slot, 0, : b * hkv * splits, :2], buf[slot, 1, :reductions, :3]
         assert (sp > 0).all() and (rd > 0).all(), f"a program did not stamp (slot {slot})"
-        assert (buf[slot, 0, b * hkv * splits :] == 0).all() and (buf[slot, 1, b * hkv * group :] == 0).all()
+        assert (buf[slot, 0, b * hkv * splits :] == 0).all() and (buf[slot, 1, reductions:] == 0).all()
         assert (sp[:, 1] >= sp[:, 0]).all() and (rd[:, 1] >= rd[:, 0]).all() and (rd[:, 2] >= rd[:, 1]).all()
         assert rd[:, 0].min() >= sp[:, 1].max(), "the reduction started before a split program ended"
     assert (buf[2] == 0).all()
@@ -336,6 +362,7 @@ def test_record_stamps(mode, seed):
 def test_reduce_warps_follow_the_split_count():
     assert [auto_reduce_warps(s) for s in (1, 17, 32, 33, 64, 88)] == [1, 1, 1, 2, 2, 2]
     assert [merge_block(auto_reduce_warps(s), s) for s in (1, 17, 33, 88)] == [1, 32, 64, 64]
+    assert [merge_block(1, s, 32) for s in (17, 33, 88, 200)] == [32, 64, 128, 128]  # `merge_cols` 32: one warp
     assert default_config("turbo4-asym")["reduce_warps"] is None  # None: auto_reduce_warps at launch
 
 
@@ -518,16 +545,17 @@ def assert_int8_codes_match(got, want, x, seed, key):
 
 
 @pytest.mark.parametrize(
-    "fuse,group,first",
-    [(True, 1, False), (True, 3, False), (True, 3, True), (False, 2, False)],
-    ids=["fused-G1", "fused-G3", "fused-first-G3", "launch-G2"],
-)
+    "fuse,group,first,cols",
+    [(True, 1, False, None), (True, 3, False, None), (True, 3, True, None), (False, 2, False, None),
+     (True, 3, False, 16), (True, 2, True, 32)],
+    ids=["fused-G1", "fused-G3", "fused-first-G3", "launch-G2", "fused-G3-cols16", "fused-first-G2-cols32"],
+)  # fmt: skip
 @pytest.mark.parametrize("mode", ref.MODES)
-def test_decode_append_stores_slot_l(mode, fuse, group, first, seed):
+def test_decode_append_stores_slot_l(mode, fuse, group, first, cols, seed):
     """decode_attention(append=True) returns the same attention and leaves the cache as the
     reference's attention then write of the fresh token into slot L (C for delegated);
     fused, K and V are stored by the first and last program of each GQA group, after the
-    merge or (`write_first`) before it."""
+    merge or (`write_first`) before it (with `merge_cols`, the group's programs of the first columns)."""
     b, hkv, dim, length, cap, cold = 2, 3, 64, 37, 50, 20
     kw = codec_kwargs(mode, dim)
     got = make_cache(mode, b, hkv, dim, cap, length, cold, F16, kw)
@@ -538,8 +566,9 @@ def test_decode_append_stores_slot_l(mode, fuse, group, first, seed):
     args = (mode, q, k_new, v_new)
     length_t, cold_t = torch.tensor([length], dtype=torch.int32), torch.tensor([cold], dtype=torch.int32)
     decode_attention(
-        *args, got, length_t, 0.125, cold_length=cold_t, out=out, append=True, fuse_append=fuse, write_first=first, **kw
-    )
+        *args, got, length_t, 0.125, cold_length=cold_t, out=out, append=True, fuse_append=fuse, write_first=first,
+        merge_cols=cols, **kw,
+    )  # fmt: skip
     expected = ref.decode_attention(*args, want, length, 0.125, cold_length=cold, **attn_kwargs(kw))
     ref.write_kv(mode, k_new, v_new, want, length, cold_length=cold, **kw)
     err = max_rel(out, expected)

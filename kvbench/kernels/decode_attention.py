@@ -385,6 +385,23 @@ def _attend_range(
 
 
 @triton.jit
+def _first_rows(x, N: tl.constexpr, R: tl.constexpr, D: tl.constexpr):
+    """The first R rows of x [N, D] (R, N powers of two): halved by splits, no memory round trip."""
+    for i in tl.static_range(8):
+        if (N >> i) > R:
+            x, _ = tl.split(tl.permute(tl.reshape(x, [2, (N >> i) // 2, D]), (1, 2, 0)))
+    return x
+
+
+@triton.jit
+def _unrotate(acc, s1, s2, N: tl.constexpr, R: tl.constexpr, D: tl.constexpr, INV_SQRT_D: tl.constexpr):
+    """V's inverse rotation s1 * H(s2 * acc) of the first R rows of acc [N, D] (the query group's;
+    the tile's other rows pad the dots to 16 and would only triple the transform's work)."""
+    x = _first_rows(acc, N, R, D)
+    return _wht(x * s2[None, :], R, D, INV_SQRT_D) * s1[None, :]
+
+
+@triton.jit
 def _decode_split_kernel(
     Q,
     K,
@@ -400,6 +417,8 @@ def _decode_split_kernel(
     WS_L,
     WS_ACC,
     STAMPS,
+    S1V,
+    S2V,
     stride_qb,
     stride_qh,
     Hkv,
@@ -422,6 +441,9 @@ def _decode_split_kernel(
     DEFER_SUMS: tl.constexpr = False,
     PDL: tl.constexpr = False,
     STAMP: tl.constexpr = False,
+    UNROTATE: tl.constexpr = False,
+    INV_SQRT_D: tl.constexpr = 1.0,
+    ROWS: tl.constexpr = 16,
 ):
     # grid: (B * Hkv, num_splits): one program per (batch, kv head, split of [0, L)), for all G query heads
     pdl_enter(PDL)
@@ -472,6 +494,10 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
     w_i = tl.zeros([BLOCK_G], tl.float32)
+    if UNROTATE:  # V's inverse rotation, s1 * H(s2 * acc), on this split's sums (`merge_cols`): its
+        # signs are loaded first, so their latency is not on the program's tail
+        s1 = tl.load(S1V + d)
+        s2 = tl.load(S2V + d)
     row0 = bh.to(tl.int64) * cap
     if V_TOKEN_MAJOR:  # int8 V stored [B, H, D, v_cap] (see `token_major`): V at this (batch, head)'s plane
         V += bh.to(tl.int64) * D * v_cap
@@ -485,12 +511,16 @@ def _decode_split_kernel(
                 row0, hot_row0, 0, K_FMT, FLOAT, False, D, BLOCK_N, PRECISION, PRMT, False, False,
                 BLOCK_G, RESCALE_TAU, DEFER_SUMS,
             )  # fmt: skip
+            if UNROTATE:  # plain already: the group's rows only, as the cold branch gives them
+                acc_rows = _first_rows(acc, BLOCK_G, ROWS, D)
         else:
             m_i, l_i, acc, w_i = _attend_range(
                 qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
                 row0, row0, 0, K_FMT, TURBO4, False, D, BLOCK_N, PRECISION, PRMT, False, False,
                 BLOCK_G, RESCALE_TAU, DEFER_SUMS,
             )  # fmt: skip
+            if UNROTATE:
+                acc_rows = _unrotate(acc, s1, s2, BLOCK_G, ROWS, D, INV_SQRT_D)
     else:
         m_i, l_i, acc, w_i = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
@@ -499,12 +529,18 @@ def _decode_split_kernel(
         )  # fmt: skip
         if V_FMT == INT8 and V_F16:
             acc -= 1152.0 * w_i[:, None]
+        if UNROTATE:
+            acc_rows = _unrotate(acc, s1, s2, BLOCK_G, ROWS, D, INV_SQRT_D)
 
     ws = (bh * G + g) * n_splits + split  # workspace row of (batch, query head, split)
     tl.store(WS_M + ws, m_i, mask=gmask)
     tl.store(WS_L + ws, l_i, mask=gmask)
-    if V_FMT == DELEGATED:  # the cold splits' sums in plane 0 (V's rotated basis), the hot split's in
-        # plane 1 (only its own rows there, and not in plane 0: the reduction reads each once)
+    if UNROTATE:  # the group's rows only (`_first_rows`), all in plane 0
+        r = tl.arange(0, ROWS)
+        ws_r = (bh * G + r) * n_splits + split
+        tl.store(WS_ACC + ws_r[:, None] * D + d[None, :], acc_rows, mask=(r < G)[:, None])
+    elif V_FMT == DELEGATED:  # the cold splits' sums in plane 0 (V's rotated basis), the
+        # hot split's in plane 1 (only its own rows there, and not in plane 0: the reduction reads each once)
         plane = tl.where(is_hot, tl.num_programs(0) * G * n_splits * D, 0)
         tl.store(WS_ACC + plane + ws[:, None] * D + d[None, :], acc, mask=gmask[:, None])
     else:
@@ -585,15 +621,18 @@ def _decode_reduce_kernel(
     PDL: tl.constexpr = False,
     EARLY_RELEASE: tl.constexpr = False,
     STAMP: tl.constexpr = False,
+    DC: tl.constexpr = 0,
 ):
-    # grid: (B * Hq,): one program per (batch, query head) merges its splits and the fresh token.
+    # grid: (B * Hq, D / DC): one program per (batch, query head, DC of the D columns; DC = 0: all)
+    # merges its splits and the fresh token. Only whole rows (DC = 0) can inverse-rotate V here.
     # With PDL it starts while the split kernel runs: until it waits, it touches only what that
     # kernel neither writes nor reads (q and the fresh token, written two launches back; slot L).
     if PDL and EARLY_RELEASE:  # the next kernel (the output GEMV) may start now: it prefetches its
         # weights into L2 as the split kernel's programs leave the SMs, and waits for this one's output
         release_dependents()
     row = tl.program_id(0)
-    stamp = row * 4  # STAMPS[program]: [start, after the wait, after the store, -]
+    col = tl.program_id(1)
+    stamp = (row * tl.num_programs(1) + col) * 4  # STAMPS[program]: [start, after the wait, after the store, -]
     _stamp(STAMPS, stamp, STAMP)
     b = row // Hq
     h = row % Hq
@@ -601,10 +640,17 @@ def _decode_reduce_kernel(
     q = tl.load(Q + b * stride_qb + h * stride_qh + d).to(tl.float32)
     kn = tl.load(KN + b * stride_kb + (h // G) * stride_kh + d).to(tl.float32)
     vn = tl.load(VN + b * stride_vb + (h // G) * stride_vh + d).to(tl.float32)
+    if DC == 0:
+        dc = d
+        vc = vn
+    else:  # this program's columns (the fresh token's whole rows still serve its score and its write)
+        dc = col * DC + tl.arange(0, DC)
+        vc = tl.load(VN + b * stride_vb + (h // G) * stride_vh + dc).to(tl.float32)
     if APPEND and WRITE_FIRST:  # independent of the splits: its latency overlaps the merge's loads
         # (with PDL, which always writes first, the split kernel itself)
-        _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
-                      cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
+        if col == 0:
+            _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
+                          cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
     m = tl.sum(q * kn, 0) * qk_scale  # the fresh token starts the merge: m is finite
     if ROTATED:  # the inverse rotation's signs, loaded before the wait: their latency overlaps it
         s1 = tl.load(S1 + d)
@@ -613,12 +659,12 @@ def _decode_reduce_kernel(
     _stamp(STAMPS, stamp + 1, STAMP)
     l_sum = m * 0.0 + 1.0
     w_new = m * 0.0 + 1.0
-    acc = tl.zeros([D], tl.float32)
+    acc = tl.zeros([D if DC == 0 else DC], tl.float32)
     n_cold = n_splits - 1 if HAS_HOT else n_splits  # plane 0's splits (delegated: all but the hot one)
     if HAS_HOT:  # the hot split's sums: one row of plane 1, weighted once the merge's maximum is known
         hot_ws = row * n_splits + n_splits - 1
         m_hot = tl.load(WS_M + hot_ws)
-        acc_hot = tl.load(WS_ACC + tl.num_programs(0) * n_splits * D + hot_ws * D + d)
+        acc_hot = tl.load(WS_ACC + tl.num_programs(0) * n_splits * D + hot_ws * D + dc)
     for s0 in range(0, n_splits, BLOCK_S):
         s = s0 + tl.arange(0, BLOCK_S)
         smask = s < n_splits
@@ -627,7 +673,7 @@ def _decode_reduce_kernel(
         # wait behind (m, then l, then acc: three round trips to L2 where one does)
         ms = tl.load(WS_M + ws, mask=smask, other=float("-inf"))
         ls = tl.load(WS_L + ws, mask=smask, other=0.0)
-        a = tl.load(WS_ACC + ws[:, None] * D + d[None, :], mask=(s < n_cold)[:, None], other=0.0)
+        a = tl.load(WS_ACC + ws[:, None] * D + dc[None, :], mask=(s < n_cold)[:, None], other=0.0)
         m_new = tl.maximum(m, tl.max(ms, 0))
         alpha = tl.math.exp2(m - m_new)
         beta = tl.math.exp2(ms - m_new)
@@ -638,15 +684,16 @@ def _decode_reduce_kernel(
     if ROTATED:  # back from V's rotated basis: s1 * H(s2 * acc)
         acc = _wht((acc * s2)[None, :], 1, D, INV_SQRT_D)
         acc = tl.reshape(acc, [D]) * s1
-    out = acc + w_new * vn
+    out = acc + w_new * vc
     if HAS_HOT:
         out += acc_hot * tl.math.exp2(m_hot - m)
     out = out / l_sum
     if APPEND and not WRITE_FIRST:  # after every load above: a cross-warp reduction's barrier
         # in the write would hold them back (4-warp reductions, 2026-12-01)
-        _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
-                      cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
-    tl.store(OUT + b * stride_ob + h * stride_oh + d, out.to(OUT.dtype.element_ty))
+        if col == 0:
+            _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
+                          cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
+    tl.store(OUT + b * stride_ob + h * stride_oh + dc, out.to(OUT.dtype.element_ty))
     _stamp(STAMPS, stamp + 2, STAMP)
 
 
@@ -773,6 +820,14 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     cfg["hot_in_budget"] = True
     # `splits`: a fixed split count (None: `choose_num_splits`), for experiments
     cfg["splits"] = None
+    # `merge_cols`: columns of D per reduction program (None: whole rows, one program per query head).
+    # Fewer columns put more programs, each one warp merging every split in one pass with no barrier;
+    # a turbo V's inverse rotation (which needs whole rows) then moves into the split programs. On the
+    # H200 at batch 1 (results/2026-12-02g-h200/experiments/merge-cols, alternating on one lease), 32
+    # columns took fp16's merge from 1.01 to 0.60 us and fp16 from 226.8 to 227.7-227.8 tok/s at 8K (2K
+    # +0.1%, 32K +0.4%); int8 lost 0.15% at 8K; the turbo modes lost 0.2-0.6% (the rotation made each
+    # split program ~0.6 us longer: its merge's saving, and more)
+    cfg["merge_cols"] = 32 if mode == "fp16" and batch == 1 else None
     # Under PDL, ask L2 for the layer's cache, [0, L) of every plane, while the QKV GEMV still
     # runs (`kernels.prefetch`), when it comes to at most `l2_prefetch_mb` MiB (0: never); from
     # `l2_prefetch_from` "rope" (its few programs, before they wait) or "gemv" (the QKV GEMV's);
@@ -829,9 +884,20 @@ def auto_reduce_warps(num_splits: int) -> int:
     return 1 if num_splits <= 32 else 2
 
 
-def merge_block(reduce_warps: int, num_splits: int) -> int:
-    """Splits the reduction merges per pass (its BLOCK_S): 32 a warp, up to 2 warps' worth."""
-    return min(32 * min(reduce_warps, 2), triton.next_power_of_2(num_splits))
+def merge_block(reduce_warps: int, num_splits: int, cols: int = 128) -> int:
+    """Splits the reduction merges per pass (its BLOCK_S): 32 rows of 128 columns a warp (128 fp32
+    registers a thread), 4x as many rows of 32 columns (`merge_cols`), up to 2 warps' worth."""
+    return min(32 * min(reduce_warps, 2) * max(1, 128 // cols), triton.next_power_of_2(num_splits))
+
+
+def merge_columns(cfg: dict, dim: int, merge_cols: int | None = None) -> int:
+    """The reduction's DC: columns per program, 0 for whole rows (`merge_cols` unset or >= dim)."""
+    cols = merge_cols or cfg["merge_cols"]
+    if not cols or cols >= dim:
+        return 0
+    if cols < 16 or cols & (cols - 1):
+        raise ValueError(f"merge_cols must be a power of two >= 16, got {cols}")
+    return cols
 
 
 def config_overrides() -> dict:
@@ -1019,6 +1085,7 @@ def decode_attention(
     defer_sums: bool | None = None,
     k_boundaries: torch.Tensor | None = None,
     v_boundaries: torch.Tensor | None = None,
+    merge_cols: int | None = None,
 ) -> torch.Tensor:
     """One decode step of attention for one layer (same contract as `reference.decode_attention`).
 
@@ -1081,25 +1148,29 @@ def decode_attention(
     s = workspace.num_splits
     pdl = pdl_kwargs(q)
     num_stages = num_stages or launch_stages({**cfg, "block_n": block_n}, b * hkv * s, triton.cdiv(cap, s), dev)
-    stamps_split, stamps_reduce, stamp = _stamp_planes(workspace.m, b * hkv * s, b * hq)
+    rotated = vf.startswith(("turbo", "delegated"))
+    s1v, s2v = v_signs if rotated else (q, q)
+    cols = merge_columns(cfg, dim, merge_cols)
+    unrotate = rotated and cols > 0  # the split kernel inverse-rotates its own sums
+    n_cols = dim // cols if cols else 1
+    stamps_split, stamps_reduce, stamp = _stamp_planes(workspace.m, b * hkv * s, b * hq * n_cols)
     _decode_split_kernel[(b * hkv, s)](
         q_score, k, ks, v, vs, vh, cbk, cbv, length, cold, workspace.m, workspace.l, workspace.acc, stamps_split,
-        q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
+        s1v, s2v, q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision, PRMT=prmt,
         **dots, RESCALE_TAU=float(cfg["rescale_tau"] if rescale_tau is None else rescale_tau),
         DEFER_SUMS=bool(cfg["defer_sums"] if defer_sums is None else defer_sums),
-        num_warps=num_warps, num_stages=num_stages, STAMP=stamp, **pdl,
+        num_warps=num_warps, num_stages=num_stages, STAMP=stamp, UNROTATE=unrotate, ROWS=triton.next_power_of_2(group),
+        INV_SQRT_D=wht_params(dim)["INV_SQRT_D"] if unrotate else 1.0, **pdl,
     )  # fmt: skip
-    rotated = vf.startswith(("turbo", "delegated"))
-    s1v, s2v = v_signs if rotated else (q, q)
     codecs = {"k_signs": k_signs, "k_codebook": k_codebook, "k_boundaries": k_boundaries}
     codecs.update(v_signs=v_signs, v_codebook=v_codebook, v_boundaries=v_boundaries)
     for side, fmt in (("k", kf), ("v", vf)):
         if append and fmt.startswith("turbo") and codecs[f"{side}_boundaries"] is None:
             raise ValueError(f"decode_attention(append=True) in mode {mode} needs {side}_boundaries")
     fused = append and (cfg["fuse_append"] if fuse_append is None else fuse_append)
-    reduce_warps = reduce_warps or cfg["reduce_warps"] or auto_reduce_warps(s)
+    reduce_warps = reduce_warps or cfg["reduce_warps"] or (1 if cols else auto_reduce_warps(s))
     if fused:
         tensors, sizes, consts = write_operands("decode_attention", mode, buffers, dim, *codecs.values())
     else:  # stand-ins, unused
@@ -1107,14 +1178,15 @@ def decode_attention(
         consts = {"K_FMT": 0, "V_FMT": 0, "V_TOKEN_MAJOR": False, "INV_SQRT_D": 1.0}
     if rotated:  # the write's Walsh-Hadamard parameters are the same (one head dim)
         consts.update(wht_params(dim))
+    consts["DC"] = cols
     # with PDL the reduction writes before it waits, i.e. while the split kernel runs
     write_first = (cfg["write_first"] if write_first is None else write_first) or pdl["PDL"]
-    _decode_reduce_kernel[(b * hq,)](
+    _decode_reduce_kernel[(b * hq, n_cols)](
         q, k_new, v_new, workspace.m, workspace.l, workspace.acc, s1v, s2v, out, stamps_reduce,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         out.stride(0), out.stride(1), hq, s, qk_scale, *tensors, length, cold, *sizes,
-        G=group, D=dim, BLOCK_S=merge_block(reduce_warps, s), ROTATED=rotated,
-        HAS_HOT=vf == "delegated", APPEND=fused, WRITE_FIRST=write_first,
+        G=group, D=dim, BLOCK_S=merge_block(reduce_warps, s, *([cols] if cols else [])),
+        ROTATED=rotated and not unrotate, HAS_HOT=vf == "delegated" and not unrotate, APPEND=fused, WRITE_FIRST=write_first,
         EARLY_RELEASE=bool(cfg["early_release"]), STAMP=stamp, num_warps=reduce_warps, **consts, **pdl,
     )  # fmt: skip
     if append and not fused:
