@@ -568,6 +568,23 @@ def _append_fresh(
 
 
 @triton.jit
+def _append_first_cols(
+    kn, vn, b, h, col, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV, cap_k, cap_v, v_stride_d,
+    G: tl.constexpr, D: tl.constexpr, K_FMT: tl.constexpr, V_FMT: tl.constexpr, V_TOKEN_MAJOR: tl.constexpr,
+    INV_SQRT_D: tl.constexpr, DC: tl.constexpr,
+):  # fmt: skip
+    """`_append_fresh` by the programs of the first columns (all of them on whole rows, DC = 0, with no
+    branch: on triton 3.6 a runtime one moved the write after the wait and the merge's loads behind its
+    first barrier, PTX on sm_90)."""
+    if DC == 0:
+        _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
+                      cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
+    elif col == 0:
+        _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
+                      cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
+
+
+@triton.jit
 def _decode_reduce_kernel(
     Q,
     KN,
@@ -648,9 +665,8 @@ def _decode_reduce_kernel(
         vc = tl.load(VN + b * stride_vb + (h // G) * stride_vh + dc).to(tl.float32)
     if APPEND and WRITE_FIRST:  # independent of the splits: its latency overlaps the merge's loads
         # (with PDL, which always writes first, the split kernel itself)
-        if col == 0:
-            _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
-                          cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
+        _append_first_cols(kn, vn, b, h, col, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
+                           cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D, DC)  # fmt: skip
     m = tl.sum(q * kn, 0) * qk_scale  # the fresh token starts the merge: m is finite
     if ROTATED:  # the inverse rotation's signs, loaded before the wait: their latency overlaps it
         s1 = tl.load(S1 + d)
@@ -690,9 +706,8 @@ def _decode_reduce_kernel(
     out = out / l_sum
     if APPEND and not WRITE_FIRST:  # after every load above: a cross-warp reduction's barrier
         # in the write would hold them back (4-warp reductions, 2026-12-01)
-        if col == 0:
-            _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
-                          cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
+        _append_first_cols(kn, vn, b, h, col, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
+                           cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D, DC)  # fmt: skip
     tl.store(OUT + b * stride_ob + h * stride_oh + dc, out.to(OUT.dtype.element_ty))
     _stamp(STAMPS, stamp + 2, STAMP)
 
