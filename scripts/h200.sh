@@ -591,11 +591,11 @@ BI)  # (no carry; fourteenth session) fp16 at batch 16 with merge_cols 32 agains
   (cd $OUT && tar czf all.tgz bench BI-bench.log) ;;
 BK)  # (carry .gpu/whl; after BI/BJ showed the reduction's runtime branch) fp16 at batch 1, whole rows against
   # merge_cols 32, alternating; the benchmark; the PDL tests and the append tests as time allows
-  STAMPS= BUDGET_S=130 RUNS="rows:2k,8k,32k:1:fp16 off:2k,8k,32k:1:fp16 rows:2k,8k,32k:1:fp16 off:2k,8k,32k:1:fp16" \
+  STAMPS= BUDGET_S=110 RUNS="rows:2k,8k,32k:1:fp16 off:2k,8k,32k:1:fp16 rows:2k,8k,32k:1:fp16 off:2k,8k,32k:1:fp16" \
     bash scripts/exp/merge-cols.sh
   bench1 BK ${BENCH1_TIMEOUT:-240}
   (cd $OUT && tar czf all.tgz bench BK-bench.log)
-  wheels && KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout $((560 - SECONDS)) python3 -m pytest -q \
+  wheels && KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout $((${TESTS_UNTIL:-390} - SECONDS)) python3 -m pytest -q \
     -p no:cacheprovider tests/test_pdl.py tests/test_kernels.py -k "pdl or append_stores or merge_columns" \
     > $OUT/gpu-kernel-tests.txt 2>&1; echo "tests rc=$?"; tail -4 $OUT/gpu-kernel-tests.txt ;;
 BJ)  # (carry .gpu/whl) the GPU tests
