@@ -203,7 +203,12 @@ def main():
     for mode in args.modes.split(","):
         if args.reduce:
             for append in (False, True):
-                body = [op for _, op in instructions(sass_of(compile_reduce(mode, append, warps=args.reduce_warps, cols=args.merge_cols)))]
+                body = [
+                    op
+                    for _, op in instructions(
+                        sass_of(compile_reduce(mode, append, warps=args.reduce_warps, cols=args.merge_cols))
+                    )
+                ]
                 top = ", ".join(f"{op} {n}" for op, n in opcodes(body).most_common(top_n))
                 print(
                     f"{mode} reduction, {'with' if append else 'without'} the append: {len(body)} instructions; {top}"

@@ -28,9 +28,11 @@ Two launches (three for turbo K, which first rotates the query):
      counts in the grid's budget (`hot_in_budget`).
 2. `_decode_reduce_kernel`: one program per (batch, query head) merges the splits
    and the fresh token (k_new, v_new used exactly), inverse-rotates a turbo V
-   accumulator once, and writes the output. With `append=True` it also stores the
-   fresh token into slot L in the cache's format (quantize-on-write), so a decode
-   step needs no write launch of its own.
+   accumulator once, and writes the output. With `merge_cols` (fp16 at batch 1) one
+   program per (batch, query head, 32 columns) instead, on one warp with no barrier; a
+   turbo V's sums then leave the split programs inverse-rotated. With `append=True` it
+   also stores the fresh token into slot L in the cache's format (quantize-on-write), so
+   a decode step needs no write launch of its own.
 
 Inside `kernels.launch.programmatic_launch()` (the GPU decode step; sm_90+) both launch
 with PDL: the split kernel waits for the kernel before it first thing, and the
@@ -576,7 +578,7 @@ def _append_first_cols(
     """`_append_fresh` by the programs of the first columns (all of them on whole rows, DC = 0, with no
     branch: on triton 3.6 a runtime one moved the write after the wait and the merge's loads behind its
     first barrier, PTX on sm_90)."""
-    if DC == 0:
+    if DC == 0:  # noqa: SIM114 (a constexpr test alone: `DC == 0 or col == 0` is a runtime branch)
         _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
                       cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
     elif col == 0:
@@ -838,10 +840,11 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # `merge_cols`: columns of D per reduction program (None: whole rows, one program per query head).
     # Fewer columns put more programs, each one warp merging every split in one pass with no barrier;
     # a turbo V's inverse rotation (which needs whole rows) then moves into the split programs. On the
-    # H200 at batch 1 (results/2026-12-02g-h200/experiments/merge-cols, alternating on one lease), 32
-    # columns took fp16's merge from 1.01 to 0.60 us and fp16 from 226.8 to 227.7-227.8 tok/s at 8K (2K
-    # +0.1%, 32K +0.4%); int8 lost 0.15% at 8K; the turbo modes lost 0.2-0.6% (the rotation made each
-    # split program ~0.6 us longer: its merge's saving, and more)
+    # H200 at batch 1 (results/2026-12-02g-h200/experiments/merge-cols*, alternating on one lease), 32
+    # columns took fp16's merge at 8K from 1.04 to 0.63 us and fp16 from 227.1 / 227.2 to 228.0 / 228.0
+    # tok/s (2K 234.7 / 234.8 -> 235.2 / 235.3, 32K 194.7 / 194.7 -> 195.5 / 195.5). At batch 16 fp16 was
+    # 0.3% slower at 8K with them; int8 lost 0.15% at 8K, batch 1; the turbo modes lost 0.15-0.65% (the
+    # rotation made each split program ~0.65 us longer for turbo4-asym and turbo3-asym: the merge's saving, and more)
     cfg["merge_cols"] = 32 if mode == "fp16" and batch == 1 else None
     # Under PDL, ask L2 for the layer's cache, [0, L) of every plane, while the QKV GEMV still
     # runs (`kernels.prefetch`), when it comes to at most `l2_prefetch_mb` MiB (0: never); from
