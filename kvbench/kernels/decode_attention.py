@@ -578,7 +578,7 @@ def _append_first_cols(
     """`_append_fresh` by the programs of the first columns (all of them on whole rows, DC = 0, with no
     branch: on triton 3.6 a runtime one moved the write after the wait and the merge's loads behind its
     first barrier, PTX on sm_90)."""
-    if DC == 0:  # noqa: SIM114 (a constexpr test alone: `DC == 0 or col == 0` is a runtime branch)
+    if DC == 0:  # noqa: SIM114 (kept apart: on whole rows the test is a constexpr one, nothing at run time)
         _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
                       cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
     elif col == 0:
