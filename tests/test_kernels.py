@@ -36,6 +36,7 @@ from kvbench.kernels.decode_attention import (
     launch_stages,
     lut_path,
     merge_block,
+    merge_columns,
     prmt_table,
     record_stamps,
 )
@@ -204,6 +205,10 @@ def test_decode_merge_columns(mode, case, cols, seed):
 def test_merge_columns_checked():
     with pytest.raises(ValueError, match="merge_cols"):
         run_decode("fp16", 1, 1, 2, 64, 10, 16, F16, 1, merge_cols=24)
+    fp16_b1 = default_config("fp16", batch=1)
+    assert merge_columns(fp16_b1, 128) == 32 and merge_columns(default_config("fp16", batch=16), 128) == 0
+    assert merge_columns(fp16_b1, 128, 0) == 0 and merge_columns(fp16_b1, 32) == 0  # whole rows, asked or forced
+    assert merge_columns(default_config("turbo4-asym", batch=1), 128) == 0
 
 
 @pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}-cap{}-{}-s{}".format(*c))

@@ -909,8 +909,9 @@ def merge_block(reduce_warps: int, num_splits: int, cols: int = 128) -> int:
 
 
 def merge_columns(cfg: dict, dim: int, merge_cols: int | None = None) -> int:
-    """The reduction's DC: columns per program, 0 for whole rows (`merge_cols` unset or >= dim)."""
-    cols = merge_cols or cfg["merge_cols"]
+    """The reduction's DC: columns per program, 0 for whole rows (`merge_cols`, else the config's:
+    0, None or >= dim)."""
+    cols = cfg["merge_cols"] if merge_cols is None else merge_cols
     if not cols or cols >= dim:
         return 0
     if cols < 16 or cols & (cols - 1):
