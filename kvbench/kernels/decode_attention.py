@@ -570,23 +570,6 @@ def _append_fresh(
 
 
 @triton.jit
-def _append_first_cols(
-    kn, vn, b, h, col, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV, cap_k, cap_v, v_stride_d,
-    G: tl.constexpr, D: tl.constexpr, K_FMT: tl.constexpr, V_FMT: tl.constexpr, V_TOKEN_MAJOR: tl.constexpr,
-    INV_SQRT_D: tl.constexpr, DC: tl.constexpr,
-):  # fmt: skip
-    """`_append_fresh` by the programs of the first columns (all of them on whole rows, DC = 0, with no
-    branch: on triton 3.6 a runtime one moved the write after the wait and the merge's loads behind its
-    first barrier, PTX on sm_90)."""
-    if DC == 0:  # noqa: SIM114 (kept apart: on whole rows the test is a constexpr one, nothing at run time)
-        _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
-                      cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
-    elif col == 0:
-        _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
-                      cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
-
-
-@triton.jit
 def _decode_reduce_kernel(
     Q,
     KN,
@@ -665,10 +648,14 @@ def _decode_reduce_kernel(
     else:  # this program's columns (the fresh token's whole rows still serve its score and its write)
         dc = col * DC + tl.arange(0, DC)
         vc = tl.load(VN + b * stride_vb + (h // G) * stride_vh + dc).to(tl.float32)
-    if APPEND and WRITE_FIRST:  # independent of the splits: its latency overlaps the merge's loads
-        # (with PDL, which always writes first, the split kernel itself)
-        _append_first_cols(kn, vn, b, h, col, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
-                           cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D, DC)  # fmt: skip
+    # the write, by the first columns' programs (on whole rows the constexpr test folds and no branch is
+    # left: a runtime `col == 0` alone there moved, on triton 3.6, the write after the wait and the
+    # merge's loads behind its first barrier, PTX on sm_90)
+    write = DC == 0 or col == 0
+    if APPEND and WRITE_FIRST and write:  # independent of the splits: its latency overlaps the merge's
+        # loads (with PDL, which always writes first, the split kernel itself)
+        _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
+                      cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
     m = tl.sum(q * kn, 0) * qk_scale  # the fresh token starts the merge: m is finite
     if ROTATED:  # the inverse rotation's signs, loaded before the wait: their latency overlaps it
         s1 = tl.load(S1 + d)
@@ -706,10 +693,10 @@ def _decode_reduce_kernel(
     if HAS_HOT:
         out += acc_hot * tl.math.exp2(m_hot - m)
     out = out / l_sum
-    if APPEND and not WRITE_FIRST:  # after every load above: a cross-warp reduction's barrier
+    if APPEND and not WRITE_FIRST and write:  # after every load above: a cross-warp reduction's barrier
         # in the write would hold them back (4-warp reductions, 2026-12-01)
-        _append_first_cols(kn, vn, b, h, col, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
-                           cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D, DC)  # fmt: skip
+        _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
+                      cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
     tl.store(OUT + b * stride_ob + h * stride_oh + dc, out.to(OUT.dtype.element_ty))
     _stamp(STAMPS, stamp + 2, STAMP)
 
@@ -1204,7 +1191,7 @@ def decode_attention(
         q, k_new, v_new, workspace.m, workspace.l, workspace.acc, s1v, s2v, out, stamps_reduce,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         out.stride(0), out.stride(1), hq, s, qk_scale, *tensors, length, cold, *sizes,
-        G=group, D=dim, BLOCK_S=merge_block(reduce_warps, s, *([cols] if cols else [])),
+        G=group, D=dim, BLOCK_S=merge_block(reduce_warps, s, cols or 128),
         ROTATED=rotated and not unrotate, HAS_HOT=vf == "delegated" and not unrotate, APPEND=fused, WRITE_FIRST=write_first,
         EARLY_RELEASE=bool(cfg["early_release"]), STAMP=stamp, num_warps=reduce_warps, **consts, **pdl,
     )  # fmt: skip
