@@ -41,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from kvbench.engine.fold import unfold_output
 from kvbench.errors import KvbenchError
 from kvbench.runtime import peak_bytes, reset_peak, synchronize
 
@@ -265,7 +266,10 @@ def hf_model_for(lm, device="cpu", dtype=torch.float32, *, attn_implementation: 
     cfg = copy.deepcopy(lm.args.hf_config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, **kw)
+    unfold_output(lm.model)  # the plain W_o (a fused turbo decoder may have folded V's rotation in)
     sd = {k: v.detach().to(device=device, dtype=dtype) for k, v in lm.model.state_dict().items()}
+    for k in [k for k in sd if k.endswith("attn.wo.weight")]:  # its own copy: a later fold writes in place
+        sd[k] = sd[k].clone()
     missing, unexpected = model.load_state_dict(kvbench_to_hf(sd, lm.args), strict=False, assign=True)
     if lm.args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -58,9 +58,11 @@ def compile_split(
     rescale_tau: float | None = None,
     defer_sums: bool | None = None,
     unrotate: bool = False,
+    rotated_out: bool = False,
 ):
     """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned
-    (`unrotate`: a turbo V's sums inverse-rotated in the kernel, as `merge_cols` launches it)."""
+    (`unrotate`: a turbo V's sums inverse-rotated in the kernel, as `merge_cols` launches it;
+    `rotated_out`: delegated's hot sums rotated into V's basis, as `rotated_out` launches it)."""
     kf, vf = FORMATS[mode]
     cfg = default_config(mode)
     fn = _decode_split_kernel
@@ -73,7 +75,8 @@ def compile_split(
         **int8_dot_flags(int8_dot or cfg["int8_dot"]), "PDL": pdl, "STAMP": False,
         "RESCALE_TAU": float(cfg["rescale_tau"] if rescale_tau is None else rescale_tau),
         "DEFER_SUMS": bool(cfg["defer_sums"] if defer_sums is None else defer_sums),
-        "UNROTATE": unrotate, "ROWS": triton.next_power_of_2(group), "INV_SQRT_D": wht_params(dim)["INV_SQRT_D"] if unrotate else 1.0,
+        "UNROTATE": unrotate, "ROTATE_HOT": rotated_out and vf == "delegated", "ROWS": triton.next_power_of_2(group),
+        "INV_SQRT_D": wht_params(dim)["INV_SQRT_D"] if unrotate or rotated_out else 1.0,
     }  # fmt: skip
     scales = {"KS": kf, "VS": vf}  # int8's two bf16 scales of a token load as one i32; turbo's typed fp32 here
 
@@ -107,20 +110,28 @@ def compile_sm90(fn, consts, pointers, table, options, aligned=()):
 
 
 def compile_reduce(
-    mode: str, append: bool, group: int = 4, dim: int = 128, pdl: bool = False, warps: int = 1, cols: int = 0
+    mode: str,
+    append: bool,
+    group: int = 4,
+    dim: int = 128,
+    pdl: bool = False,
+    warps: int = 1,
+    cols: int = 0,
+    rotated_out: bool = False,
 ):
     """The reduction kernel of `mode` on `warps` warps (1 up to 32 splits, 2 beyond, as
     launched), with or without the fresh token's write, compiled for sm_90; `cols`: columns per
-    program (`merge_cols`; 0: whole rows, where a turbo V is inverse-rotated)."""
+    program (`merge_cols`; 0: whole rows, where a turbo V is inverse-rotated unless `rotated_out`)."""
     kf, vf = FORMATS[mode]
-    whole = not cols
+    rotated_out = rotated_out and vf.startswith(("turbo", "delegated"))
+    whole = not cols and not rotated_out
     fn = _decode_reduce_kernel
     cfg = default_config(mode)
     wf = {"float": "float", "int8": "int8", "delegated": "hot"}
     consts = {
         "G": group, "D": dim, "BLOCK_S": merge_block(warps, 64, cols or 128),
         "ROTATED": whole and vf.startswith(("turbo", "delegated")), "HAS_HOT": whole and vf == "delegated",
-        "DC": cols, "APPEND": append, "WRITE_FIRST": cfg["write_first"] or pdl,
+        "DC": cols, "ROTATE_NEW": rotated_out, "APPEND": append, "WRITE_FIRST": cfg["write_first"] or pdl,
         "K_FMT": FORMAT_IDS[wf.get(kf, kf)], "V_FMT": FORMAT_IDS[wf.get(vf, vf)], "V_TOKEN_MAJOR": vf == "int8",
         **wht_params(dim), "PDL": pdl, "EARLY_RELEASE": bool(cfg["early_release"]), "STAMP": False,
     }  # fmt: skip
@@ -198,6 +209,11 @@ def main():
     )
     ap.add_argument("--merge-cols", type=int, default=0, help="with --reduce: columns per program (0: whole rows)")
     ap.add_argument("--unrotate", action="store_true", help="the split kernel inverse-rotates a turbo V's sums")
+    ap.add_argument(
+        "--rotated-out",
+        action="store_true",
+        help="a turbo V's output left rotated (`rotated_out`: W_o holds the inverse; delegated's hot split rotates)",
+    )
     args = ap.parse_args()
     top_n = int(os.environ.get("SASS_TOP", 16))
     for mode in args.modes.split(","):
@@ -206,7 +222,15 @@ def main():
                 body = [
                     op
                     for _, op in instructions(
-                        sass_of(compile_reduce(mode, append, warps=args.reduce_warps, cols=args.merge_cols))
+                        sass_of(
+                            compile_reduce(
+                                mode,
+                                append,
+                                warps=args.reduce_warps,
+                                cols=args.merge_cols,
+                                rotated_out=args.rotated_out,
+                            )
+                        )
                     )
                 ]
                 top = ", ".join(f"{op} {n}" for op, n in opcodes(body).most_common(top_n))
@@ -223,6 +247,7 @@ def main():
             rescale_tau=args.rescale_tau,
             defer_sums=None if args.defer_sums is None else bool(args.defer_sums),
             unrotate=args.unrotate,
+            rotated_out=args.rotated_out,
         )
         sass = sass_of(kernel)
         every = instructions(sass)

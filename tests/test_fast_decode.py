@@ -144,3 +144,43 @@ def test_fused_decode_through_the_gemv_kernel(tiny, monkeypatch):
     # 4 projections per layer and the output head, per step (graph replays launch nothing new)
     assert len(launches) >= 4 * tiny.args.n_layers + 1
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-4)
+
+
+def test_folded_weight_is_w_o_times_the_inverse_rotation(seed):
+    """W_o' = W_o diag(s1) H diag(s2) per head block, so that W_o' r = W_o o for r = s2 * H(s1 * o)."""
+    from kvbench.engine.fold import folded_weight
+    from kvbench.kv.turbo import Rotation
+
+    d, heads = 32, 3
+    rot = Rotation(d, (seed % 1000, seed % 1000 + 1))
+    w = torch.randn(37, heads * d)
+    o = torch.randn(5, heads, d)
+    r = rot.rotate(o)
+    folded = folded_weight(w, rot.s1, rot.s2, chunk=8)  # rows in chunks that do not divide 37
+    torch.testing.assert_close(r.reshape(5, -1) @ folded.T, o.reshape(5, -1) @ w.T, rtol=1e-5, atol=1e-5)
+    inplace = w.clone()
+    assert folded_weight(inplace, rot.s1, rot.s2, out=inplace) is inplace and torch.equal(inplace, folded)
+
+
+def test_fold_restores_w_o_exactly(tiny, monkeypatch):
+    """A fused turbo decoder folds W_o in place (only the turbo layers: the boundary layers stay
+    fp16); the model's own forward gets the plain weights back bit for bit; `fold_v` off (from
+    KVBENCH_ATTN_CONFIG) folds nothing and decodes to the same logits."""
+    from kvbench.engine.fold import fold_owner
+
+    model = tiny.model
+    plain = [layer.attn.wo.weight.detach().clone() for layer in model.layers]
+    ids = torch.randint(0, 512, (1, 17), device=DEVICE)
+    forced = torch.randint(0, 512, (1, 6), device=DEVICE)
+    folded_logits, caches = run(tiny, "turbo4-asym", True, ids, forced)
+    assert fold_owner(model) is not None
+    changed = [not torch.equal(layer.attn.wo.weight, w) for layer, w in zip(model.layers, plain)]
+    assert changed == [c.kernel_mode == "turbo4-asym" for c in caches] and any(changed)
+    with torch.inference_mode():
+        model(ids[:, :1], torch.zeros(1, dtype=torch.long, device=DEVICE), [c.clone() for c in caches])
+    assert fold_owner(model) is None
+    assert all(torch.equal(layer.attn.wo.weight, w) for layer, w in zip(model.layers, plain))
+    monkeypatch.setenv("KVBENCH_ATTN_CONFIG", '{"turbo4-asym": {"fold_v": false}}')
+    unfolded_logits, _ = run(tiny, "turbo4-asym", True, ids, forced)
+    assert fold_owner(model) is None
+    torch.testing.assert_close(unfolded_logits, folded_logits, rtol=0, atol=2e-2)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kvbench.engine.fold import fold_output
 from kvbench.engine.rope import rope_cos_sin
 
 
@@ -73,7 +74,19 @@ class FastDecoder:
         # per layer: the QKV GEMV's and RoPE's extra arguments, where one of them asks L2 for the
         # attention's cache ahead of it (`kernels.prefetch`; off by default)
         self.prefetch = [self._prefetch_args(c) for c in caches]
+        # layer -> V's signs, where the step folds a turbo V's inverse rotation into W_o (`engine.fold`)
+        self.wo_fold = self._fold_signs()
         self.steps = 0
+
+    def _fold_signs(self) -> dict:
+        from kvbench.kernels.decode_attention import default_config
+
+        out = {}
+        for i, c in enumerate(self.caches):
+            signs = c.kernel_args().get("v_signs")
+            if signs is not None and default_config(c.kernel_mode, batch=self.batch)["fold_v"]:
+                out[i] = signs
+        return out
 
     def _prefetch_args(self, cache) -> tuple[dict, dict]:
         from kvbench.kernels.decode_attention import l2_prefetch_args
@@ -105,7 +118,7 @@ class FastDecoder:
         x = m.tok_embeddings(self.tok)  # [B, 1, H]
         cos, sin = rope_cos_sin(m.inv_freq, m.rope_scale, pos, x.dtype)
         residual = None
-        for layer, cache, (gemv_kw, rope_kw) in zip(m.layers, self.caches, self.prefetch, strict=True):
+        for i, (layer, cache, (gemv_kw, rope_kw)) in enumerate(zip(m.layers, self.caches, self.prefetch, strict=True)):
             at = layer.attn
             if residual is None:
                 h, residual = rmsnorm(x, layer.attn_norm.weight, layer.attn_norm.eps), x
@@ -128,8 +141,15 @@ class FastDecoder:
                 **rope_kw,
             )
             o = cache.fused_decode(
-                q[:, :, 0], k[:, :, 0], v[:, :, 0], length, cold, self.workspaces[cache.kernel_mode], at.scale
-            )
+                q[:, :, 0],
+                k[:, :, 0],
+                v[:, :, 0],
+                length,
+                cold,
+                self.workspaces[cache.kernel_mode],
+                at.scale,
+                rotated_out=i in self.wo_fold,
+            )  # with `rotated_out`, W_o holds V's inverse rotation (`engine.fold`)
             x = linear(o.reshape(b, 1, a.n_heads * a.head_dim), at.wo.weight)
             h, residual = rmsnorm(x, layer.ffn_norm.weight, layer.ffn_norm.eps, residual=residual)
             x = linear(silu_mul(linear(h, layer.ffn.w13.weight)), layer.ffn.w2.weight)
@@ -164,6 +184,8 @@ class FastDecoder:
             if c.live + 1 > c.capacity:
                 raise RuntimeError(f"decode past the preallocated capacity ({c.capacity} tokens)")
         self._sync_state()
+        if self.wo_fold:  # this decoder's W_o (a no-op while it holds the fold)
+            fold_output(self.model, self, self.wo_fold)
         if tok is not None:
             self.tok.copy_(tok)
         if self.graph is not None:

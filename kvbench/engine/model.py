@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kvbench.engine.config import ModelArgs
+from kvbench.engine.fold import unfold_output
 from kvbench.engine.rope import apply_rope, inv_freq_and_scale, rope_cos_sin
 
 
@@ -126,6 +127,7 @@ class Transformer(nn.Module):
         `last_only` returns only the last position's logits ([B, 1, V]).
         `record`, when a list, receives each layer's fresh (K, V) after RoPE.
         """
+        unfold_output(self)  # the plain W_o, should a fused decoder have folded V's rotation into it
         x = self.tok_embeddings(tokens)
         cos, sin = rope_cos_sin(self.inv_freq, self.rope_scale, positions, x.dtype)
         for layer, cache in zip(self.layers, caches, strict=True):

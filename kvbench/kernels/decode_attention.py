@@ -396,11 +396,12 @@ def _first_rows(x, N: tl.constexpr, R: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _unrotate(acc, s1, s2, N: tl.constexpr, R: tl.constexpr, D: tl.constexpr, INV_SQRT_D: tl.constexpr):
-    """V's inverse rotation s1 * H(s2 * acc) of the first R rows of acc [N, D] (the query group's;
-    the tile's other rows pad the dots to 16 and would only triple the transform's work)."""
+def _rotate_rows(acc, outer, inner, N: tl.constexpr, R: tl.constexpr, D: tl.constexpr, INV_SQRT_D: tl.constexpr):
+    """outer * H(inner * acc) on the first R rows of acc [N, D] (the query group's; the tile's other
+    rows pad the dots to 16 and would only triple the transform's work): V's inverse rotation with
+    (s1, s2), V's rotation with (s2, s1)."""
     x = _first_rows(acc, N, R, D)
-    return _wht(x * s2[None, :], R, D, INV_SQRT_D) * s1[None, :]
+    return _wht(x * inner[None, :], R, D, INV_SQRT_D) * outer[None, :]
 
 
 @triton.jit
@@ -444,6 +445,7 @@ def _decode_split_kernel(
     PDL: tl.constexpr = False,
     STAMP: tl.constexpr = False,
     UNROTATE: tl.constexpr = False,
+    ROTATE_HOT: tl.constexpr = False,
     INV_SQRT_D: tl.constexpr = 1.0,
     ROWS: tl.constexpr = 16,
 ):
@@ -496,8 +498,9 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, D], tl.float32)
     w_i = tl.zeros([BLOCK_G], tl.float32)
-    if UNROTATE:  # V's inverse rotation, s1 * H(s2 * acc), on this split's sums (`merge_cols`): its
-        # signs are loaded first, so their latency is not on the program's tail
+    if UNROTATE or ROTATE_HOT:  # V's inverse rotation, s1 * H(s2 * acc), on this split's sums
+        # (`merge_cols`), or delegated's hot sums into V's rotated basis (`rotated_out`): the signs
+        # are loaded first, so their latency is not on the program's tail
         s1 = tl.load(S1V + d)
         s2 = tl.load(S2V + d)
     row0 = bh.to(tl.int64) * cap
@@ -515,6 +518,8 @@ def _decode_split_kernel(
             )  # fmt: skip
             if UNROTATE:  # plain already: the group's rows only, as the cold branch gives them
                 acc_rows = _first_rows(acc, BLOCK_G, ROWS, D)
+            if ROTATE_HOT:  # into the cold sums' basis: s2 * H(s1 * acc)
+                acc_rows = _rotate_rows(acc, s2, s1, BLOCK_G, ROWS, D, INV_SQRT_D)
         else:
             m_i, l_i, acc, w_i = _attend_range(
                 qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
@@ -522,7 +527,9 @@ def _decode_split_kernel(
                 BLOCK_G, RESCALE_TAU, DEFER_SUMS,
             )  # fmt: skip
             if UNROTATE:
-                acc_rows = _unrotate(acc, s1, s2, BLOCK_G, ROWS, D, INV_SQRT_D)
+                acc_rows = _rotate_rows(acc, s1, s2, BLOCK_G, ROWS, D, INV_SQRT_D)
+            if ROTATE_HOT:  # rotated already
+                acc_rows = _first_rows(acc, BLOCK_G, ROWS, D)
     else:
         m_i, l_i, acc, w_i = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
@@ -532,12 +539,12 @@ def _decode_split_kernel(
         if V_FMT == INT8 and V_F16:
             acc -= 1152.0 * w_i[:, None]
         if UNROTATE:
-            acc_rows = _unrotate(acc, s1, s2, BLOCK_G, ROWS, D, INV_SQRT_D)
+            acc_rows = _rotate_rows(acc, s1, s2, BLOCK_G, ROWS, D, INV_SQRT_D)
 
     ws = (bh * G + g) * n_splits + split  # workspace row of (batch, query head, split)
     tl.store(WS_M + ws, m_i, mask=gmask)
     tl.store(WS_L + ws, l_i, mask=gmask)
-    if UNROTATE:  # the group's rows only (`_first_rows`), all in plane 0
+    if UNROTATE or ROTATE_HOT:  # the group's rows only (`_first_rows`), all in plane 0, in one basis
         r = tl.arange(0, ROWS)
         ws_r = (bh * G + r) * n_splits + split
         tl.store(WS_ACC + ws_r[:, None] * D + d[None, :], acc_rows, mask=(r < G)[:, None])
@@ -624,9 +631,12 @@ def _decode_reduce_kernel(
     EARLY_RELEASE: tl.constexpr = False,
     STAMP: tl.constexpr = False,
     DC: tl.constexpr = 0,
+    ROTATE_NEW: tl.constexpr = False,
 ):
     # grid: (B * Hq, D / DC): one program per (batch, query head, DC of the D columns; DC = 0: all)
     # merges its splits and the fresh token. Only whole rows (DC = 0) can inverse-rotate V here.
+    # ROTATE_NEW (`rotated_out`): the splits' sums stay in V's rotated basis and the fresh token's V
+    # joins them there; the output is left rotated (its caller folded the inverse into W_o).
     # With PDL it starts while the split kernel runs: until it waits, it touches only what that
     # kernel neither writes nor reads (q and the fresh token, written two launches back; slot L).
     if PDL and EARLY_RELEASE:  # the next kernel (the output GEMV) may start now: it prefetches its
@@ -642,12 +652,13 @@ def _decode_reduce_kernel(
     q = tl.load(Q + b * stride_qb + h * stride_qh + d).to(tl.float32)
     kn = tl.load(KN + b * stride_kb + (h // G) * stride_kh + d).to(tl.float32)
     vn = tl.load(VN + b * stride_vb + (h // G) * stride_vh + d).to(tl.float32)
+    vc = vn
     if DC == 0:
         dc = d
-        vc = vn
     else:  # this program's columns (the fresh token's whole rows still serve its score and its write)
         dc = col * DC + tl.arange(0, DC)
-        vc = tl.load(VN + b * stride_vb + (h // G) * stride_vh + dc).to(tl.float32)
+        if not ROTATE_NEW:
+            vc = tl.load(VN + b * stride_vb + (h // G) * stride_vh + dc).to(tl.float32)
     # the write, by the first columns' programs (on whole rows the constexpr test folds and no branch is
     # left: a runtime `col == 0` alone there moved, on triton 3.6, the write after the wait and the
     # merge's loads behind its first barrier, PTX on sm_90)
@@ -657,9 +668,14 @@ def _decode_reduce_kernel(
         _append_fresh(kn, vn, b, h, Hq, LEN, COLD, DK, SK, S1K, S2K, CBK, BNK, DV, SV, S1V, S2V, CBV, BNV,
                       cap_k, cap_v, v_stride_d, G, D, K_FMT, V_FMT, V_TOKEN_MAJOR, INV_SQRT_D)  # fmt: skip
     m = tl.sum(q * kn, 0) * qk_scale  # the fresh token starts the merge: m is finite
-    if ROTATED:  # the inverse rotation's signs, loaded before the wait: their latency overlaps it
+    if ROTATED or ROTATE_NEW:  # V's rotation signs, loaded before the wait: their latency overlaps it
         s1 = tl.load(S1 + d)
         s2 = tl.load(S2 + d)
+    if ROTATE_NEW:  # the fresh token's V into V's rotated basis, s2 * H(s1 * v), before the wait
+        vc = tl.reshape(_wht((vn * s1)[None, :], 1, D, INV_SQRT_D), [D]) * s2
+        if DC != 0:  # this program's columns of it: row `col` of its [D / DC, DC] view
+            pick = (tl.arange(0, D // DC) == col)[:, None]
+            vc = tl.sum(tl.where(pick, tl.reshape(vc, [D // DC, DC]), 0.0), 0)
     pdl_enter(PDL, not EARLY_RELEASE)  # from here on the splits' partial results are read
     _stamp(STAMPS, stamp + 1, STAMP)
     l_sum = m * 0.0 + 1.0
@@ -832,7 +848,11 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # tok/s (2K 234.7 / 234.8 -> 235.2 / 235.3, 32K 194.7 / 194.7 -> 195.5 / 195.5). At batch 16 fp16 was
     # 0.3% slower at 8K with them; int8 lost 0.15% at 8K, batch 1; the turbo modes lost 0.15-0.65% (the
     # rotation made each split program ~0.65 us longer for turbo4-asym and turbo3-asym: the merge's saving, and more)
-    cfg["merge_cols"] = 32 if mode == "fp16" and batch == 1 else None
+    # `fold_v`: the fused decode step (`engine.fast_decode`) folds a turbo V's inverse rotation into
+    # the output projection's weights (`engine.fold`) and asks for the output in V's rotated basis
+    # (`rotated_out`): no program runs the inverse transform, and the merge is fp16's, columns included.
+    cfg["fold_v"] = FORMATS[mode][1].startswith(("turbo", "delegated"))
+    cfg["merge_cols"] = 32 if batch == 1 and (mode == "fp16" or cfg["fold_v"]) else None
     # Under PDL, ask L2 for the layer's cache, [0, L) of every plane, while the QKV GEMV still
     # runs (`kernels.prefetch`), when it comes to at most `l2_prefetch_mb` MiB (0: never); from
     # `l2_prefetch_from` "rope" (its few programs, before they wait) or "gemv" (the QKV GEMV's);
@@ -1092,6 +1112,7 @@ def decode_attention(
     k_boundaries: torch.Tensor | None = None,
     v_boundaries: torch.Tensor | None = None,
     merge_cols: int | None = None,
+    rotated_out: bool = False,
 ) -> torch.Tensor:
     """One decode step of attention for one layer (same contract as `reference.decode_attention`).
 
@@ -1112,6 +1133,11 @@ def decode_attention(
     kv head's K and V, or else by a `write_kv` launch after it. Either way after the
     split kernel has read [0, L), so slot L is free to write; `write_first` (default from
     `default_config`; always, under PDL) stores it before the reduction's merge instead of after.
+
+    `rotated_out=True` (turbo and delegated V only) returns each head's output in V's rotated
+    basis, s2 * H(s1 * o) with V's signs, for a caller that folded V's inverse rotation into its
+    output projection (`engine.fold`): no program then runs the inverse rotation, and the reduction
+    merges like fp16's (`merge_cols` included).
     """
     b, hq, dim = q.shape
     cfg = default_config(mode, batch=b)
@@ -1155,9 +1181,12 @@ def decode_attention(
     pdl = pdl_kwargs(q)
     num_stages = num_stages or launch_stages({**cfg, "block_n": block_n}, b * hkv * s, triton.cdiv(cap, s), dev)
     rotated = vf.startswith(("turbo", "delegated"))
+    if rotated_out and not rotated:
+        raise ValueError(f"rotated_out needs a mode whose V is rotated (turbo or delegated V), not {mode}")
     s1v, s2v = v_signs if rotated else (q, q)
     cols = merge_columns(cfg, dim, merge_cols)
-    unrotate = rotated and cols > 0  # the split kernel inverse-rotates its own sums
+    unrotate = rotated and cols > 0 and not rotated_out  # the split kernel inverse-rotates its own sums
+    rotate_hot = rotated_out and vf == "delegated"  # delegated's hot split rotates its sums
     n_cols = dim // cols if cols else 1
     stamps_split, stamps_reduce, stamp = _stamp_planes(workspace.m, b * hkv * s, b * hq * n_cols)
     _decode_split_kernel[(b * hkv, s)](
@@ -1167,8 +1196,9 @@ def decode_attention(
         K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision, PRMT=prmt,
         **dots, RESCALE_TAU=float(cfg["rescale_tau"] if rescale_tau is None else rescale_tau),
         DEFER_SUMS=bool(cfg["defer_sums"] if defer_sums is None else defer_sums),
-        num_warps=num_warps, num_stages=num_stages, STAMP=stamp, UNROTATE=unrotate, ROWS=triton.next_power_of_2(group),
-        INV_SQRT_D=wht_params(dim)["INV_SQRT_D"] if unrotate else 1.0, **pdl,
+        num_warps=num_warps, num_stages=num_stages, STAMP=stamp, UNROTATE=unrotate, ROTATE_HOT=rotate_hot,
+        ROWS=triton.next_power_of_2(group), INV_SQRT_D=wht_params(dim)["INV_SQRT_D"] if unrotate or rotate_hot else 1.0,
+        **pdl,
     )  # fmt: skip
     codecs = {"k_signs": k_signs, "k_codebook": k_codebook, "k_boundaries": k_boundaries}
     codecs.update(v_signs=v_signs, v_codebook=v_codebook, v_boundaries=v_boundaries)
@@ -1192,8 +1222,9 @@ def decode_attention(
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         out.stride(0), out.stride(1), hq, s, qk_scale, *tensors, length, cold, *sizes,
         G=group, D=dim, BLOCK_S=merge_block(reduce_warps, s, cols or 128),
-        ROTATED=rotated and not unrotate, HAS_HOT=vf == "delegated" and not unrotate, APPEND=fused, WRITE_FIRST=write_first,
-        EARLY_RELEASE=bool(cfg["early_release"]), STAMP=stamp, num_warps=reduce_warps, **consts, **pdl,
+        ROTATED=rotated and not (unrotate or rotated_out), HAS_HOT=vf == "delegated" and not (unrotate or rotate_hot),
+        ROTATE_NEW=rotated_out, APPEND=fused, WRITE_FIRST=write_first, EARLY_RELEASE=bool(cfg["early_release"]),
+        STAMP=stamp, num_warps=reduce_warps, **consts, **pdl,
     )  # fmt: skip
     if append and not fused:
         write_kv(mode, k_new, v_new, buffers, length, cold_length=cold, **codecs)

@@ -247,11 +247,13 @@ def decode_attention(
     v_signs=None,
     v_codebook=None,
     out: torch.Tensor | None = None,
+    rotated_out: bool = False,
     **_tuning,
 ) -> torch.Tensor:
     """One decode step: q [B, Hq, D] attends to stored tokens [0, L) (through the
     mode's storage) plus the fresh k_new, v_new [B, Hkv, D] (exact). Softmax in float32.
-    Returns [B, Hq, D] in q's dtype (written into `out` when given)."""
+    Returns [B, Hq, D] in q's dtype (written into `out` when given); with `rotated_out`
+    (turbo V) in V's rotated basis, s2 * H(s1 * o)."""
     k, v = dequantize_cache(
         mode,
         buffers,
@@ -268,7 +270,12 @@ def decode_attention(
     g = hq // k.shape[1]
     qg = q.float().view(bsz, k.shape[1], g, d)
     p = torch.softmax(torch.einsum("bhgd,bhtd->bhgt", qg, k) * sm_scale, -1)
-    o = torch.einsum("bhgt,bhtd->bhgd", p, v).reshape(bsz, hq, d).to(q.dtype)
+    o = torch.einsum("bhgt,bhtd->bhgd", p, v).reshape(bsz, hq, d)
+    if rotated_out:
+        if not FORMATS[mode][1].startswith(("turbo", "delegated")):
+            raise ValueError(f"rotated_out needs a mode whose V is rotated (turbo or delegated V), not {mode}")
+        o = rotate(o, *v_signs)
+    o = o.to(q.dtype)
     if out is None:
         return o
     out.copy_(o)
