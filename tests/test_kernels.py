@@ -235,7 +235,16 @@ def test_merge_columns_checked():
     fp16_b1 = default_config("fp16", batch=1)
     assert merge_columns(fp16_b1, 128) == 32 and merge_columns(default_config("fp16", batch=16), 128) == 0
     assert merge_columns(fp16_b1, 128, 0) == 0 and merge_columns(fp16_b1, 32) == 0  # whole rows, asked or forced
+    # a turbo V merges on columns at batch 1 with its inverse rotation folded into W_o (`fold_v`), else on whole rows
+    assert merge_columns(default_config("turbo4-asym", batch=1), 128) == 32
+    assert merge_columns(default_config("turbo4-asym", batch=16), 128) == 0
+
+
+def test_merge_columns_follow_fold_v(monkeypatch):
+    monkeypatch.setenv("KVBENCH_ATTN_CONFIG", '{"turbo4-asym": {"fold_v": false}, "turbo3-asym": {"merge_cols": 0}}')
     assert merge_columns(default_config("turbo4-asym", batch=1), 128) == 0
+    t3 = default_config("turbo3-asym", batch=1)
+    assert t3["fold_v"] and merge_columns(t3, 128) == 0
 
 
 @pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}-cap{}-{}-s{}".format(*c))

@@ -851,8 +851,8 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # `fold_v`: the fused decode step (`engine.fast_decode`) folds a turbo V's inverse rotation into
     # the output projection's weights (`engine.fold`) and asks for the output in V's rotated basis
     # (`rotated_out`): no program runs the inverse transform, and the merge is fp16's, columns included.
+    # Unless set, `merge_cols` follows it (below): a turbo V merges on columns only with the fold.
     cfg["fold_v"] = FORMATS[mode][1].startswith(("turbo", "delegated"))
-    cfg["merge_cols"] = 32 if batch == 1 and (mode == "fp16" or cfg["fold_v"]) else None
     # Under PDL, ask L2 for the layer's cache, [0, L) of every plane, while the QKV GEMV still
     # runs (`kernels.prefetch`), when it comes to at most `l2_prefetch_mb` MiB (0: never); from
     # `l2_prefetch_from` "rope" (its few programs, before they wait) or "gemv" (the QKV GEMV's);
@@ -874,7 +874,10 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # values up to |v| ~ 32000; turbo3-asym's tau = 6 holds V norms up to ~1000 (measured at 8, then at 6).
     lazy, defer = {"fp16": (8.0, True), "int8": (8.0, True), "turbo3-asym": (6.0, False)}.get(mode, (0.0, False))
     cfg.update(rescale_tau=lazy, defer_sums=defer)
-    return {**cfg, **config_overrides().get(mode, {})} if overrides else cfg
+    cfg = {**cfg, **config_overrides().get(mode, {})} if overrides else cfg
+    if "merge_cols" not in cfg:
+        cfg["merge_cols"] = 32 if batch == 1 and (mode == "fp16" or cfg["fold_v"]) else None
+    return cfg
 
 
 CONFIG_ENV = "KVBENCH_ATTN_CONFIG"
