@@ -2,6 +2,7 @@
 interpreter, without CUDA graphs) against the reference path, for every mode.
 `KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0` runs it on a GPU, with CUDA graphs."""
 
+import json
 import os
 
 import pytest
@@ -70,6 +71,8 @@ def test_fused_decode_matches_reference(tiny, mode, seed, monkeypatch):
     # a small hot window so the delegated fold happens within a short test
     monkeypatch.setattr(Turbo4DelegatedCache, "HOT_MAX", 16)
     monkeypatch.setattr(Turbo4DelegatedCache, "FOLD", 8)
+    if mode.startswith("turbo"):  # V's inverse rotation folded into W_o (at batch 1 by default; asked for here)
+        monkeypatch.setenv("KVBENCH_ATTN_CONFIG", json.dumps({mode: {"fold_v": True}}))
     ids = torch.randint(0, 512, (2, 29), device=DEVICE)
     forced = torch.randint(0, 512, (2, 30), device=DEVICE)
     ref, ref_caches = run(tiny, mode, False, ids, forced)
@@ -166,9 +169,10 @@ def test_fold_restores_w_o_exactly(tiny, monkeypatch):
     """A fused turbo decoder folds W_o in place (only the turbo layers: the boundary layers stay
     fp16); the model's own forward gets the plain weights back bit for bit; `fold_v` off (from
     KVBENCH_ATTN_CONFIG) folds nothing and decodes to the same logits."""
-    from kvbench.engine.fold import fold_owner
+    from kvbench.engine.fold import fold_owner, unfold_output
 
     model = tiny.model
+    unfold_output(model)  # an earlier test's decoder may hold a fold of this module-scoped model
     plain = [layer.attn.wo.weight.detach().clone() for layer in model.layers]
     ids = torch.randint(0, 512, (1, 17), device=DEVICE)
     forced = torch.randint(0, 512, (1, 6), device=DEVICE)

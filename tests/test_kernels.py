@@ -238,6 +238,7 @@ def test_merge_columns_checked():
     # a turbo V merges on columns at batch 1 with its inverse rotation folded into W_o (`fold_v`), else on whole rows
     assert merge_columns(default_config("turbo4-asym", batch=1), 128) == 32
     assert merge_columns(default_config("turbo4-asym", batch=16), 128) == 0
+    assert [default_config("turbo4-asym", batch=b)["fold_v"] for b in (1, 16)] == [True, False]
 
 
 def test_merge_columns_follow_fold_v(monkeypatch):
@@ -467,7 +468,7 @@ def test_delegated_batch_one_shape():
     assert [default_config("turbo4-delegated", batch=1)[k] for k in shape] == [128, 4, 2]
     for batch in (None, 2, 16):
         assert [default_config("turbo4-delegated", batch=batch)[k] for k in shape] == [64, 2, 3]
-    assert default_config("turbo4-asym", batch=1) == default_config("turbo4-asym")
+    assert [default_config("turbo4-asym", batch=b)[k] for b in (1, None) for k in shape] == [128, 4, 2] * 2
 
 
 @pytest.mark.parametrize("bits", [3, 4])

@@ -852,7 +852,12 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # the output projection's weights (`engine.fold`) and asks for the output in V's rotated basis
     # (`rotated_out`): no program runs the inverse transform, and the merge is fp16's, columns included.
     # Unless set, `merge_cols` follows it (below): a turbo V merges on columns only with the fold.
-    cfg["fold_v"] = FORMATS[mode][1].startswith(("turbo", "delegated"))
+    # At batch 1 only: on the H200 (results/2026-12-02h-h200/experiments/fold-v, alternating on one lease), at
+    # 8K the fold with 32 columns took turbo4-asym from 0.9941 / 0.9944 of fp16 to 0.9975 / 0.9970,
+    # turbo3-asym from 0.9963 / 0.9956 to 0.9988 / 0.9987, delegated from 0.9955 / 0.9954 to 0.9963 / 0.9967
+    # (32K: 1.0161 -> 1.0204, 1.0051 -> 1.0060, 1.0020 -> 1.0044); the fold on whole rows alone was no
+    # faster (0.9931-0.9953). At batch 16 (whole rows) it read -0.25% to +0.35%, so it stays off there.
+    cfg["fold_v"] = FORMATS[mode][1].startswith(("turbo", "delegated")) and batch == 1
     # Under PDL, ask L2 for the layer's cache, [0, L) of every plane, while the QKV GEMV still
     # runs (`kernels.prefetch`), when it comes to at most `l2_prefetch_mb` MiB (0: never); from
     # `l2_prefetch_from` "rope" (its few programs, before they wait) or "gemv" (the QKV GEMV's);
