@@ -115,6 +115,11 @@
 #      could be started; BG ran them instead)
 #   BG (carry .gpu/whl) at the commit whose merge issues every load first, on two warps in every mode: the stamps
 #      again (and fp16 on one warp), the benchmark, then the kernel, engine and PDL tests
+# Fifteenth session (2026-12-02, results/2026-12-02h-h200), V's inverse rotation folded into W_o:
+#   scripts/exp/fold-v.sh (carry .gpu/p0, the first third of the model: with the tree the halves no longer fit
+#      in a call) at 6b3f53d: stamps, end-to-end A/B, the new tests on compiled kernels
+#   BL (carry .gpu/p0 .gpu/whl) the kernel and engine tests, then the benchmark
+#   BM (after BL, same machine, carry .gpu/p1), then BN (same machine, carry .gpu/p2 .gpu/whl): the audit
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A
@@ -226,6 +231,16 @@ audit_beside_tests() {
 }
 
 case "${1:-}" in
+BL)
+  cp .gpu/p0/* $M/; TEST_TIMEOUT=${TEST_TIMEOUT:-330} step ktests; bench1 BL ${BENCH1_TIMEOUT:-240}
+  (cd $OUT && tar czf all.tgz bench BL-bench.log gpu-kernel-tests.txt) ;;
+BM) cp .gpu/p1/* $M/ && ls -la $M ;;
+BN)
+  cp .gpu/p2/* $M/
+  [[ -f $M/part00 && -f $M/part01 && -f $M/part02 ]] || { echo "a third of the model is missing: run BL, BM, BN on one machine"; exit 3; }
+  cat $M/part0* > $G && sha256sum $G && wheels
+  step audit > $OUT/BN-audit.log 2>&1; tail -4 $OUT/BN-audit.log
+  (cd $OUT && tar czf all.tgz audit BN-audit.log) ;;
 step) shift
   [[ $1 == audit || $1 == raw4 || $1 == peers* ]] && [[ ! -f $G ]] && join_model
   [[ $1 == ktests || $1 == peers* || $1 == audit || $1 == raw4 ]] && wheels
