@@ -169,7 +169,7 @@ def test_fold_restores_w_o_exactly(tiny, monkeypatch):
     """A fused turbo decoder folds W_o in place (only the turbo layers: the boundary layers stay
     fp16); the model's own forward gets the plain weights back bit for bit; `fold_v` off (from
     KVBENCH_ATTN_CONFIG) folds nothing and decodes to the same logits."""
-    from kvbench.engine.fold import fold_owner, unfold_output
+    from kvbench.engine.fold import is_folded, unfold_output
 
     model = tiny.model
     unfold_output(model)  # an earlier test's decoder may hold a fold of this module-scoped model
@@ -177,14 +177,43 @@ def test_fold_restores_w_o_exactly(tiny, monkeypatch):
     ids = torch.randint(0, 512, (1, 17), device=DEVICE)
     forced = torch.randint(0, 512, (1, 6), device=DEVICE)
     folded_logits, caches = run(tiny, "turbo4-asym", True, ids, forced)
-    assert fold_owner(model) is not None
+    assert is_folded(model)  # and stays so after its decoder is gone
     changed = [not torch.equal(layer.attn.wo.weight, w) for layer, w in zip(model.layers, plain)]
     assert changed == [c.kernel_mode == "turbo4-asym" for c in caches] and any(changed)
     with torch.inference_mode():
         model(ids[:, :1], torch.zeros(1, dtype=torch.long, device=DEVICE), [c.clone() for c in caches])
-    assert fold_owner(model) is None
+    assert not is_folded(model)
     assert all(torch.equal(layer.attn.wo.weight, w) for layer, w in zip(model.layers, plain))
     monkeypatch.setenv("KVBENCH_ATTN_CONFIG", '{"turbo4-asym": {"fold_v": false}}')
     unfolded_logits, _ = run(tiny, "turbo4-asym", True, ids, forced)
-    assert fold_owner(model) is None
+    assert not is_folded(model)
     torch.testing.assert_close(unfolded_logits, folded_logits, rtol=0, atol=2e-2)
+
+
+def test_fold_does_not_keep_its_decoder_alive(tiny):
+    """The model holds its fold's owner weakly: a decoder (and the caches it holds, GBs at long
+    contexts) is freed once its run drops it, while W_o stays folded until the model needs it plain.
+    The first version held it strongly, and the benchmark's peak memory grew by a cache's size."""
+    import gc
+    import weakref
+
+    from kvbench.engine.fast_decode import FastDecoder
+    from kvbench.engine.fold import fold_owner, is_folded, unfold_output
+
+    model = tiny.model
+    unfold_output(model)
+    a = tiny.args
+    caches = build_caches(
+        "turbo4-asym", n_layers=a.n_layers, batch=1, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,
+        dtype=torch.float32, device=DEVICE, capacity=8, kernel="triton", boundary_v=1,
+    )  # fmt: skip
+    dec = FastDecoder(model, caches, 1, cuda_graphs=False)
+    dec.step(torch.zeros(1, 1, dtype=torch.long, device=DEVICE))
+    assert fold_owner(model) is dec and is_folded(model)
+    gone = weakref.ref(caches[1])
+    del dec, caches
+    gc.collect()
+    assert gone() is None, "the fold kept the decoder's caches alive"
+    assert fold_owner(model) is None and is_folded(model)
+    unfold_output(model)
+    assert not is_folded(model)

@@ -18,11 +18,15 @@ again at its next step.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from kvbench.kv.turbo import wht
 
-# model attribute: (owner, {layer: host copy of the plain W_o}, {layer: V's signs folded in}) or None
+# model attribute: (weak reference to the owner, {layer: host copy of the plain W_o}, {layer: V's signs
+# folded in}) or None. Weak: a decoder holds its caches (GBs at long contexts), and the model must not keep
+# one alive after its run (the first version did, and the benchmark's peak memory grew by a cache's size)
 _STATE = "_kvbench_wo_fold"
 
 
@@ -41,18 +45,23 @@ def folded_weight(
 
 
 def fold_owner(model) -> object | None:
+    """The decoder whose fold W_o holds now (None: plain, or its decoder is gone)."""
     state = getattr(model, _STATE, None)
-    return state[0] if state else None
+    return state[0]() if state else None
+
+
+def is_folded(model) -> bool:
+    return bool(getattr(model, _STATE, None))
 
 
 def fold_output(model, owner: object, signs: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
     """Make `owner`'s fold current: W_o of each layer i in `signs` rotated with V's (s1, s2) of
     that layer's cache, the others plain. A no-op while `owner` holds it already."""
     state = getattr(model, _STATE, None)
-    if state and state[0] is owner:
+    if state and state[0]() is owner:
         return
     if state and _same_signs(state[2], signs):  # another decoder of the same rotations: hand it over
-        setattr(model, _STATE, (owner, *state[1:]))
+        setattr(model, _STATE, (weakref.ref(owner), *state[1:]))
         return
     unfold_output(model)
     saved = {}
@@ -61,7 +70,7 @@ def fold_output(model, owner: object, signs: dict[int, tuple[torch.Tensor, torch
             w = model.layers[i].attn.wo.weight
             saved[i] = w.detach().to("cpu", copy=True)
             folded_weight(w, s1.to(w.device, torch.float32), s2.to(w.device, torch.float32), out=w)
-    setattr(model, _STATE, (owner, saved, dict(signs)))
+    setattr(model, _STATE, (weakref.ref(owner), saved, dict(signs)))
 
 
 def _same_signs(a: dict, b: dict) -> bool:
