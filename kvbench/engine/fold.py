@@ -31,11 +31,12 @@ _STATE = "_kvbench_wo_fold"
 
 
 def folded_weight(
-    w: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor, out: torch.Tensor | None = None, chunk: int = 256
+    w: torch.Tensor, s1: torch.Tensor, s2: torch.Tensor, out: torch.Tensor | None = None, chunk: int = 64
 ) -> torch.Tensor:
     """W_o [H, Hq * D] with every head's block of D columns rotated forward, s2 * H(s1 * w), in
     float32 and rounded once to w's dtype, into `out` (which may be w itself); `chunk` rows at a
-    time, so the float32 temporaries stay small (a few MB) next to the memory a benchmark measures."""
+    time, so the float32 temporaries stay small next to the memory a benchmark measures (256 rows of
+    Llama-3.1-8B's W_o added 0.026 GB to the peak on the H200; 64 rows, a quarter of that)."""
     d = s1.shape[-1]
     out = torch.empty_like(w) if out is None else out
     for r0 in range(0, w.shape[0], chunk):
