@@ -95,6 +95,26 @@ def test_hf_model_equals_engine_on_dummy(tiny):
     assert q.data_ptr() == lm.model.layers[0].attn.wqkv.weight.data_ptr()
 
 
+def test_hf_model_takes_the_plain_w_o_of_a_folded_engine():
+    """A fused turbo decoder folds V's inverse rotation into W_o in place (`engine.fold`): the peer
+    model gets the plain W_o, and its own copy, so a fold after it does not reach it."""
+    from kvbench.engine.fold import fold_output, is_folded
+    from kvbench.kv.turbo import Rotation
+
+    lm = load_model("dummy:tiny", dtype=torch.float32)
+    plain = lm.model.layers[1].attn.wo.weight.detach().clone()
+    rot = Rotation(lm.args.head_dim, (3, 4))
+    owner = type("Owner", (), {})()  # a stand-in decoder (held weakly)
+    fold_output(lm.model, owner, {1: (rot.s1, rot.s2)})
+    assert is_folded(lm.model) and not torch.equal(lm.model.layers[1].attn.wo.weight, plain)
+    hf = peers.hf_model_for(lm, "cpu", torch.float32)
+    assert not is_folded(lm.model)
+    o_proj = hf.model.layers[1].self_attn.o_proj.weight
+    assert torch.equal(o_proj, plain)
+    fold_output(lm.model, owner, {1: (rot.s1, rot.s2)})
+    assert torch.equal(o_proj, plain) and o_proj.data_ptr() != lm.model.layers[1].attn.wo.weight.data_ptr()
+
+
 def test_hf_model_equals_engine_on_hf_folder(folder_model):
     lm, hf = folder_model
     ids = torch.randint(0, 300, (1, 29))
