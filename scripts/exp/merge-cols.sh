@@ -12,11 +12,7 @@
 #   f32  merge_cols 32 for fp16 (its default at batch 1 since; at batch 16 an experiment)
 # RUNS: variant:contexts:batch:modes, run in order on one lease (M5 stands for the five modes). STAMPS: variants
 # whose per-program stamps (scripts/exp/tail_stamps.py) at 8K, batch 1 come first.
-set -u
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=$PWD
-mkdir -p $OUT/r
-nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
-some() { python3 -c "import json,sys; print(json.dumps({m: json.loads(sys.argv[2]) for m in sys.argv[1].split(',')}))" "$1" "$2"; }
+source scripts/exp/ab-lib.sh  # set -u, the environment, $OUT/r, the GPU's name; ab_* and some()
 M5=fp16,int8,turbo4-asym,turbo3-asym,turbo4-delegated
 T3=turbo4-asym,turbo3-asym,turbo4-delegated
 declare -A V=(
@@ -28,11 +24,7 @@ declare -A V=(
   [f32]='{"fp16": {"merge_cols": 32}}'
 )
 for v in ${STAMPS-c32 off}; do
-  [ $SECONDS -gt ${BUDGET_S:-520} ] && { echo "stamps $v skipped: time"; continue; }
-  echo "== stamps $v"
-  KVBENCH_ATTN_CONFIG="${V[$v]}" timeout 120 python3 scripts/exp/tail_stamps.py --modes fp16,$T3 --context 8192 \
-    --batch 1 > $OUT/r/stamps-$v.txt 2>&1
-  echo "rc=$? t=$SECONDS"; grep -v "^#" $OUT/r/stamps-$v.txt | cut -c1-220
+  ab_stamps $v "${V[$v]}" fp16,$T3
 done
 RUNS=${RUNS:-"off:8k:1:M5 c32:8k:1:M5 t32:8k:1:M5 c64:8k:1:M5 off:8k:1:M5 c32:8k:1:M5 t32:8k:1:M5 c64:8k:1:M5
   off:2k,32k:1:M5 c32:2k,32k:1:M5"}
@@ -40,15 +32,7 @@ n=0
 for run in $RUNS; do
   IFS=: read -r v ctx batch modes <<< "$run"; n=$((n + 1)); [ "$modes" = M5 ] && modes=$M5
   [ $SECONDS -gt ${BUDGET_S:-520} ] && { echo "run $n skipped: time"; continue; }
-  KVBENCH_ATTN_CONFIG="${V[$v]}" timeout 120 python3 -m kvbench decode-bench --model dummy:llama-3.1-8b \
-    --modes $modes --contexts $ctx --batch $batch --warmup 8 --gen 64 --repeats 3 --quiet --devices 0 \
-    --out $OUT/r/run-$n > $OUT/r/run-$n.log 2>&1
-  echo "run $n ($v $ctx B=$batch) rc=$? t=$SECONDS"
-  python3 scripts/exp/bench_summary.py $OUT/r/run-$n/bench.csv || tail -5 $OUT/r/run-$n.log
+  ab_run $n "${V[$v]}" $ctx $batch $modes $v
 done
-if [ -n "${TESTS:-}" ] && [ $SECONDS -lt ${BUDGET_S:-520} ]; then
-  KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout $((${BUDGET_S:-520} + 60 - SECONDS)) python3 -m pytest -q \
-    -p no:cacheprovider tests/test_kernels.py -k "$TESTS" > $OUT/r/tests.txt 2>&1
-  echo "tests rc=$? t=$SECONDS"; tail -3 $OUT/r/tests.txt
-fi
+ab_tests tests/test_kernels.py
 (cd $OUT && tar czf merge-cols.tgz r && rm -rf r)
