@@ -1,0 +1,27 @@
+"""The experiment scripts that run on the CPU machine (scripts/exp)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STAMPS = ROOT / "results/2026-12-02h-h200/experiments/fold-v"
+
+
+def test_stamps_plot_reads_tail_stamps_tables(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts/exp"))
+    try:
+        import stamps_plot
+    finally:
+        sys.path.pop(0)
+    table = stamps_plot.read_stamps(STAMPS / "stamps-def.txt")
+    assert sorted(table) == ["fp16", "turbo3-asym", "turbo4-asym", "turbo4-delegated"]
+    t = table["turbo4-asym"]  # the row as printed: 264 programs, ..., the tail last
+    assert (t["programs"], t["split_p50"], t["red_end"], t["tail"]) == (264.0, 10.77, 12.93, 1.29)
+    assert all(t["split_p50"] <= t["split_end"] <= t["red_wait"] <= t["red_end"] for t in table.values())
+    out = tmp_path / "tails.png"
+    args = [sys.executable, str(ROOT / "scripts/exp/stamps_plot.py"), f"a={STAMPS / 'stamps-base.txt'}"]
+    done = subprocess.run([*args, f"b={STAMPS / 'stamps-def.txt'}", "-o", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0 and out.read_bytes()[:4] == b"\x89PNG", done.stderr
+    missing = subprocess.run([*args, "c=/nonexistent", "-o", str(out)], capture_output=True, text=True)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "stamps_plot:" in missing.stderr
