@@ -64,6 +64,7 @@ class AuditJob:
         self.params = key(
             session.lm.weights_hash, session.base_row["dtype"], c.kernel, c.prefill_chunk, c.boundary_v,
             c.no_fallback, c.yarn, c.gen_tokens, c.near_tie_margin, c.question, c.prompt_file, c.max_kv_size, c.keep,
+            *([c.sparse_v_threshold] if c.sparse_v_threshold else []),  # (keys of dense runs as before it existed)
         )  # fmt: skip
         self._ref_tokens = None  # fp16's greedy tokens at the current context (peers are forced on them)
         self._shared_prefill = None  # (prompt, per-layer fresh K/V, last logits) of a one-chunk prompt
@@ -177,6 +178,7 @@ class AuditJob:
             "check": check,
             "batch": 1,
             "boundary_v": self.s.boundary_v(res.effective),
+            "sparse_v": self.s.sparse_v(res.effective),
             "max_kv_size": cap.max_size if cap else None,
             "keep": cap.keep if cap else None,
         }

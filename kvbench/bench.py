@@ -50,6 +50,7 @@ class BenchJob:
         self.params = key(
             session.lm.weights_hash, session.base_row["dtype"], c.kernel, c.cuda_graphs, c.pdl, c.gemv_kernel, c.prefill_chunk,
             c.boundary_v, c.no_fallback, c.yarn, c.gen, c.warmup, c.repeats, c.fill, c.max_kv_size, c.keep,
+            *([c.sparse_v_threshold] if c.sparse_v_threshold else []),  # (keys of dense runs as before it existed)
         )  # fmt: skip
 
     @property
@@ -241,6 +242,7 @@ class BenchJob:
             "kv_cache_mode": mode,
             "effective_mode": res.effective,
             "boundary_v": s.boundary_v(res.effective),
+            "sparse_v": s.sparse_v(res.effective),
             "weight_bytes": s.lm.weight_bytes(),
             "kernel": s.kernel,
         }
@@ -272,6 +274,7 @@ class BenchJob:
             "repeats": cfg.repeats,
             "warmup": cfg.warmup,
             "boundary_v": self.s.boundary_v(res.effective),
+            "sparse_v": self.s.sparse_v(res.effective),
             "max_kv_size": cfg.max_kv_size,
             "keep": cfg.keep if cfg.max_kv_size else None,
             "weight_bytes": self.s.lm.weight_bytes(),

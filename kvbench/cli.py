@@ -87,6 +87,15 @@ BoundaryV = Annotated[
         show_default=False,
     ),
 ]
+SparseV = Annotated[
+    float | None,
+    typer.Option(
+        "--sparse-v-threshold",
+        help="Sparse V: decode steps of every mode but fp16 skip V for the tokens whose softmax weight is below "
+        "this (K is always used; nothing is renormalised); e.g. 1e-6. 0 = off. [default: 0]",
+        show_default=False,
+    ),
+]
 NoFallback = Annotated[
     bool | None,
     typer.Option(
@@ -391,6 +400,7 @@ def audit(
     kernel: Kernel = None,
     prefill_chunk: PrefillChunk = None,
     boundary_v: BoundaryV = None,
+    sparse_v_threshold: SparseV = None,
     no_fallback: NoFallback = None,
     plugin: Plugin = None,
     max_kv_size: MaxKv = None,
@@ -461,6 +471,7 @@ def decode_bench(
     kernel: Kernel = None,
     prefill_chunk: PrefillChunk = None,
     boundary_v: BoundaryV = None,
+    sparse_v_threshold: SparseV = None,
     no_fallback: NoFallback = None,
     plugin: Plugin = None,
     max_kv_size: MaxKv = None,

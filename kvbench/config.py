@@ -40,6 +40,7 @@ class Common:
     cuda_graphs: bool = True
     pdl: bool = True
     gemv_kernel: bool = True
+    sparse_v_threshold: float = 0.0
 
 
 @dataclass
@@ -155,6 +156,8 @@ def validate(cfg, where: str = "command line") -> None:
         bad("prefill-chunk", "must be >= 0 (0 = one pass)")
     if cfg.boundary_v is not None and cfg.boundary_v < 0:
         bad("boundary-v", "must be >= 0")
+    if not 0.0 <= cfg.sparse_v_threshold < 1.0:
+        bad("sparse-v-threshold", f"must be in [0, 1) (0 = off), got {cfg.sparse_v_threshold}")
     if cfg.max_kv_size is not None and cfg.max_kv_size <= cfg.keep:
         bad("max-kv-size", f"must exceed --keep ({cfg.keep})")
     if cfg.keep < 0:

@@ -47,6 +47,7 @@ AUDIT_NUMERIC = [
     "batch",
     "prefill_chunk",
     "boundary_v",
+    "sparse_v",
     "elapsed_s",
 ]
 AUDIT_BOOL = ["identical_to_fp16", "near_tie", "degenerate", "kernel_agrees", "synthetic"]
@@ -77,6 +78,7 @@ BENCH_NUMERIC = [
     "keep",
     "warmup",
     "boundary_v",
+    "sparse_v",
 ]
 BENCH_BOOL = ["cuda_graphs", "synthetic"]
 RUNS_NUMERIC = ["wall_s"]
@@ -247,9 +249,19 @@ def join_list(items: list[str]) -> str:
 NO_FALLBACK = " (no fallback)"
 
 
+# A row run with sparse V (`--sparse-v-threshold`) is labelled "<mode> (sparse V 1e-06)", apart from dense rows.
+SPARSE_V = " (sparse V "
+
+
+def sparse_label(tau: float) -> str:
+    return f"{SPARSE_V}{tau:g})"
+
+
 def base_mode(label: str) -> str:
-    """The mode name of a row label: "turbo4 (no fallback)" -> "turbo4"."""
+    """The mode name of a row label: "turbo4 (no fallback) (sparse V 1e-06)" -> "turbo4"."""
     label = _s(label)
+    if SPARSE_V in label:
+        label = label[: label.index(SPARSE_V)]
     return label[: -len(NO_FALLBACK)] if label.endswith(NO_FALLBACK) else label
 
 
@@ -261,7 +273,10 @@ def fell_back(label: str, effective: str) -> bool:
 
 def cli_flag(label: str) -> str:
     label = _s(label)
-    return f"--modes {base_mode(label)}" + (" --no-fallback" if label.endswith(NO_FALLBACK) else "")
+    flag = f"--modes {base_mode(label)}" + (" --no-fallback" if NO_FALLBACK in label else "")
+    if SPARSE_V in label:
+        flag += " --sparse-v-threshold " + label[label.index(SPARSE_V) + len(SPARSE_V) : -1]
+    return flag
 
 
 # ---------------------------------------------------------------------------
@@ -546,6 +561,10 @@ def load_results(results_dirs: list[Path]) -> Results:
             forced = df["notes"].astype(str).str.contains("(--no-fallback)", regex=False)
             forced &= df["kv_cache_mode"] == df["effective_mode"]
             df.loc[forced, "kv_cache_mode"] = df.loc[forced, "kv_cache_mode"] + NO_FALLBACK
+            sparse = df["sparse_v"] > 0
+            df.loc[sparse, "kv_cache_mode"] = df.loc[sparse, "kv_cache_mode"] + df.loc[sparse, "sparse_v"].map(
+                sparse_label
+            )
     return Results(
         dirs=dirs,
         audit=audit,

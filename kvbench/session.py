@@ -128,6 +128,7 @@ class Session:
             capacity=capacity,
             boundary_v=self.cfg.boundary_v,
             kernel=kernel or self.kernel,
+            sparse_v=self.sparse_v(mode),
         )
 
     def fused(self, caches: list) -> bool:
@@ -162,6 +163,11 @@ class Session:
         if mode.startswith("hf:"):
             return registry.Resolution(mode, mode)
         return registry.resolve_for_model(mode, self.lm.model_type, no_fallback=self.cfg.no_fallback)
+
+    def sparse_v(self, mode: str) -> float:
+        """--sparse-v-threshold for `mode`'s caches: fp16 stays dense (the reference every mode is
+        compared with, in quality and in speed)."""
+        return 0.0 if mode == "fp16" or mode.startswith("hf:") else float(self.cfg.sparse_v_threshold)
 
     def boundary_v(self, mode: str) -> int:
         if mode.startswith("hf:"):

@@ -18,6 +18,7 @@ use the counts for direction and size, and time the change on the GPU.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import subprocess
@@ -59,6 +60,7 @@ def compile_split(
     defer_sums: bool | None = None,
     unrotate: bool = False,
     rotated_out: bool = False,
+    sparse_v: float = 0.0,
 ):
     """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned
     (`unrotate`: a turbo V's sums inverse-rotated in the kernel, as `merge_cols` launches it;
@@ -77,6 +79,7 @@ def compile_split(
         "DEFER_SUMS": bool(cfg["defer_sums"] if defer_sums is None else defer_sums),
         "UNROTATE": unrotate, "ROTATE_HOT": rotated_out and vf == "delegated", "ROWS": triton.next_power_of_2(group),
         "INV_SQRT_D": wht_params(dim)["INV_SQRT_D"] if unrotate or rotated_out else 1.0,
+        "SPARSE_V": math.log2(sparse_v) if sparse_v > 0 else 0.0,
     }  # fmt: skip
     scales = {"KS": kf, "VS": vf}  # int8's two bf16 scales of a token load as one i32; turbo's typed fp32 here
 
@@ -214,6 +217,7 @@ def main():
         action="store_true",
         help="a turbo V's output left rotated (`rotated_out`: W_o holds the inverse; delegated's hot split rotates)",
     )
+    ap.add_argument("--sparse-v", type=float, default=0.0, help="sparse V's tau (`sparse_v`; 0: off)")
     args = ap.parse_args()
     top_n = int(os.environ.get("SASS_TOP", 16))
     for mode in args.modes.split(","):
@@ -248,6 +252,7 @@ def main():
             defer_sums=None if args.defer_sums is None else bool(args.defer_sums),
             unrotate=args.unrotate,
             rotated_out=args.rotated_out,
+            sparse_v=args.sparse_v,
         )
         sass = sass_of(kernel)
         every = instructions(sass)

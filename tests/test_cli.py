@@ -72,6 +72,27 @@ def test_audit_bench_report_end_to_end(tmp_path):
     assert "report.md" in result.output
 
 
+def test_sparse_v_rows_and_report(tmp_path):
+    """--sparse-v-threshold: every mode but fp16 (the dense reference) runs and is recorded with it,
+    and the report keeps those rows apart, with the flag that reproduces them."""
+    out = tmp_path / "run"
+    common = ["--model", "dummy:tiny", "--out", str(out), "--quiet", "--modes", "fp16,int8,turbo4-asym"]
+    run(["audit", *common, "--contexts", "40", "--gen-tokens", "4", "--sparse-v-threshold", "1e-3"])
+    run(["decode-bench", *common, "--contexts", "40", "--gen", "2", "--warmup", "1", "--repeats", "1",
+         "--sparse-v-threshold", "1e-3"])  # fmt: skip
+    for stem in ("audit", "bench"):
+        rows = read(out / f"{stem}.csv")
+        assert {r["kv_cache_mode"]: float(r["sparse_v"]) for r in rows} == {
+            "fp16": 0.0,
+            "int8": 1e-3,
+            "turbo4-asym": 1e-3,
+        }, stem
+        assert all(r["status"] in ("ok", "diverged", "degenerate") for r in rows), stem
+    run(["report", str(out)])
+    text = (out / "report.md").read_text()
+    assert "`int8 (sparse V 0.001)`" in text and "--modes int8 --sparse-v-threshold 0.001" in text
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -85,6 +106,11 @@ def test_audit_bench_report_end_to_end(tmp_path):
         (["decode-bench", "--model", "dummy:tiny", "--batch", "0"], "must be positive"),
         (["audit", "--model", "dummy:tiny", "--dtype", "int3"], "dtype"),
         (["audit", "--config", "/nonexistent.toml"], "config file not found"),
+        (
+            ["decode-bench", "--model", "dummy:tiny", "--sparse-v-threshold", "1"],
+            r"sparse-v-threshold: must be in \[0, 1\)",
+        ),
+        (["audit", "--model", "dummy:tiny", "--sparse-v-threshold", "-0.1"], "sparse-v-threshold"),
         (["report", "/nonexistent/dir"], "results folder not found"),
     ],
 )

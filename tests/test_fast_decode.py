@@ -28,7 +28,7 @@ def tiny():
     return lm
 
 
-def run(lm, mode, fused, ids, forced, cap=None, gemv=True):
+def run(lm, mode, fused, ids, forced, cap=None, gemv=True, sparse_v=0.0):
     a = lm.args
     caches = build_caches(
         mode,
@@ -41,6 +41,7 @@ def run(lm, mode, fused, ids, forced, cap=None, gemv=True):
         capacity=ids.shape[1] + forced.shape[1] + 1,
         kernel="triton" if fused else "reference",
         boundary_v=1,
+        sparse_v=sparse_v,
     )
     first = prefill(lm.model, ids, caches, 16, cap)
     step = make_stepper(lm.model, caches, cap, fused=fused, cuda_graphs=DEVICE != "cpu", gemv=gemv)
@@ -107,6 +108,26 @@ def test_fused_decode_matches_reference(tiny, mode, seed, monkeypatch):
     top2 = ref.topk(2, dim=-1).values
     clear = (top2[..., 0] - top2[..., 1]) > 2 * tol  # argmax must agree wherever it is not a tie
     assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
+
+
+@pytest.mark.parametrize("mode", ["int8", "turbo4-asym"])
+def test_sparse_v_reaches_both_paths(tiny, mode, seed):
+    """`sparse_v` on the caches changes the decode of both paths (tau = 0.3 skips most tokens' V;
+    the kernel tests check what is skipped), and a tau below every weight changes nothing (on fp16
+    storage: the reference path's sparse decode is grouped matmuls, not SDPA, and their last-bit
+    differences would move a quantized code across a cell edge now and then)."""
+    ids = torch.randint(0, 512, (1, 29), device=DEVICE)
+    forced = torch.randint(0, 512, (1, 12), device=DEVICE)
+    for fused in (False, True):
+        dense, _ = run(tiny, mode, fused, ids, forced)
+        sparse, caches = run(tiny, mode, fused, ids, forced, sparse_v=0.3)
+        assert all(c.sparse_v == 0.3 for c in caches)
+        assert sparse.isfinite().all()
+        moved = (sparse - dense).abs().max()
+        assert moved > 1e-2, f"seed {seed}: fused={fused}: tau=0.3 moved the logits by only {moved:.2e}"
+        dense, _ = run(tiny, "fp16", fused, ids, forced)
+        tiny_tau, _ = run(tiny, "fp16", fused, ids, forced, sparse_v=1e-30)
+        torch.testing.assert_close(tiny_tau, dense, rtol=0, atol=1e-4)
 
 
 def test_fused_decode_with_kv_cap(tiny, seed):

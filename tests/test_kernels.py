@@ -305,6 +305,94 @@ def test_decode_lazy_rescale_weight_bound(mode, tau, v_max, seed):
     assert err < tolerance(mode, F16), f"seed {seed}: {mode} tau={tau}: max rel err {err:.2e}"
 
 
+def sinks_and_tail(mode, tau, rotated_out=False, num_splits=None):
+    """Sparse V on a cache of two sink tokens (0 and C, the start of delegated's hot window) and a
+    tail of 296 tokens whose weights are ~1e-3 against a sink's (scores ln(1000) lower; after the
+    softmax ~4e-4) and whose V is 5 in every channel, so dropping them moves the output by ~0.6.
+    One split serves the cold tokens (two for delegated: the hot split starts at its own sink),
+    so every split has met the maximum before its tail."""
+    dim, cap, length, cold = 64, 333, 300, 200
+    sm_scale = 1 / math.sqrt(dim)
+    q = torch.zeros(1, 2 * 4, dim)
+    q[..., 0] = 1.0
+    k = 0.01 * torch.randn(1, 2, cap, dim)
+    v = torch.full((1, 2, cap, dim), 5.0)
+    for sink in (0, cold):
+        k[:, :, sink, 0] = math.log(1000) / sm_scale
+        v[:, :, sink] = torch.randn(1, 2, dim)
+    kw = codec_kwargs(mode, dim)
+    bufs = make_cache(mode, 1, 2, dim, cap, length, cold, F16, kw, given={"k": k, "v": v})
+    k_new = torch.zeros(1, 2, dim)
+    k_new[..., 0] = math.log(1000) / sm_scale  # the fresh token scores like a sink
+    v_new = torch.randn(1, 2, dim)
+    args = (mode, q.to(F16), k_new.to(F16), v_new.to(F16), bufs, torch.tensor([length], dtype=torch.int32), sm_scale)
+    out = torch.full_like(args[1], float("nan"))
+    splits = num_splits or (2 if mode == "turbo4-delegated" else 1)
+    extra = {"rotated_out": True} if rotated_out else {}
+    decode_attention(*args, cold_length=cold, out=out, num_splits=splits, sparse_v=tau, **attn_kwargs(kw), **extra)
+    sparse = ref.decode_attention(*args, cold_length=cold, sparse_v=tau, **attn_kwargs(kw), **extra)
+    dense = ref.decode_attention(*args, cold_length=cold, **attn_kwargs(kw), **extra)
+    return out, sparse, dense
+
+
+@pytest.mark.parametrize("rotated_out", [False, True])
+@pytest.mark.parametrize("mode", ref.MODES)
+def test_decode_sparse_v_skips_the_tail(mode, rotated_out, seed):
+    """tau = 1e-2: the kernel drops the tail's V as the reference does (and so differs from dense
+    attention by the tail's share); tau = 1e-6: nothing is below it, the kernel is dense."""
+    if rotated_out and mode not in ROTATED_V:
+        pytest.skip("rotated_out needs a rotated V")
+    out, sparse, dense = sinks_and_tail(mode, 1e-2, rotated_out)
+    assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
+    tol = tolerance(mode, F16)
+    err, moved = max_rel(out, sparse), max_rel(dense, sparse)
+    assert err < tol, f"seed {seed}: {mode}: max rel error {err:.2e} against the sparse reference"
+    assert moved > 20 * tol, f"seed {seed}: {mode}: the tail moved the output by only {moved:.2e}"
+    out, _, dense = sinks_and_tail(mode, 1e-6, rotated_out)
+    err = max_rel(out, dense)
+    assert err < tol, f"seed {seed}: {mode}: tau below every weight, max rel error {err:.2e} against dense"
+
+
+@pytest.mark.parametrize("case", DECODE_CASES[1:4], ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}-cap{}-{}-s{}".format(*c))
+@pytest.mark.parametrize("mode", ref.MODES)
+def test_decode_sparse_v_skips_only_small_weights(mode, case, seed):
+    """Random peaked attention, many splits: a split sees only its own maximum, so the kernel skips
+    fewer tokens than the exact rule; it must never skip one whose weight reaches tau. So the kernel
+    and the exact sparse reference differ by at most the V of the tokens below tau,
+    sum over {w < tau} of w * |v| (per output element), plus the usual tolerance."""
+    b, hkv, group, dim, length, cap, dtype, splits = case
+    tau = 1e-3
+    kw = codec_kwargs(mode, dim)
+    cold = length // 2
+    bufs = make_cache(mode, b, hkv, dim, cap, length, cold, dtype, kw)
+    q = (3 * torch.randn(b, hkv * group, dim)).to(dtype)
+    k_new, v_new = random_tokens(b, hkv, 2, dim, dtype).unbind(2)
+    sm_scale = 1 / math.sqrt(dim)
+    args = (mode, q, k_new, v_new, bufs, torch.tensor([length], dtype=torch.int32), sm_scale)
+    out = torch.full_like(q, float("nan"))
+    decode_attention(*args, cold_length=cold, out=out, num_splits=splits, sparse_v=tau, **attn_kwargs(kw))
+    expected = ref.decode_attention(*args, cold_length=cold, sparse_v=tau, **attn_kwargs(kw))
+    kc, vc = ref.dequantize_cache(mode, bufs, length, cold_length=cold, **attn_kwargs(kw))
+    kc = torch.cat([kc, k_new.float().unsqueeze(2)], 2)
+    vc = torch.cat([vc, v_new.float().unsqueeze(2)], 2)
+    qg = q.float().view(b, hkv, group, dim)
+    w = torch.softmax(torch.einsum("bhgd,bhtd->bhgt", qg, kc) * sm_scale, -1)
+    small = torch.where(w < tau, w, torch.zeros_like(w))
+    bound = torch.einsum("bhgt,bhtd->bhgd", small, vc.abs()).reshape(q.shape)
+    assert small.sum() > 0, f"seed {seed}: no weight below tau, nothing tested"
+    slack = (out.float() - expected.float()).abs() - bound
+    err = (slack.max() / expected.float().abs().max()).item()
+    assert err < tolerance(mode, dtype), f"seed {seed}: {mode}: beyond the skipped tokens' bound by {err:.2e}"
+
+
+def test_decode_sparse_v_checked():
+    q = torch.zeros(1, 1, 32)
+    with pytest.raises(ValueError, match="sparse_v"):
+        decode_attention(
+            "fp16", q, q, q, {"k": torch.zeros(1, 1, 4, 32), "v": torch.zeros(1, 1, 4, 32)}, 2, 1.0, sparse_v=1.0
+        )
+
+
 def test_decode_int8_dot_checked():
     q = torch.zeros(1, 1, 32)
     bufs = {"k": torch.zeros(1, 1, 4, 32, dtype=torch.int8), "scales": torch.ones(1, 1, 4, 2, dtype=torch.bfloat16)}

@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 
 import torch
@@ -267,6 +268,8 @@ def _attend_range(
     BLOCK_G: tl.constexpr = 16,
     RESCALE_TAU: tl.constexpr = 0.0,
     DEFER_SUMS: tl.constexpr = False,
+    G: tl.constexpr = 16,
+    SPARSE_V: tl.constexpr = 0.0,
 ):
     """Online softmax over tokens [lo, hi): returns updated (m, l, acc, w_i).
 
@@ -281,6 +284,12 @@ def _attend_range(
     exact, by byte permutes) for fp16 dots with q and the weights in fp16; the bias comes off
     as 1152 * sum(q) per score row and 1152 * w_i, the running sum of the fp16 weights, per
     output row (subtracted by the caller).
+
+    SPARSE_V < 0 (log2 of `sparse_v`'s tau): V is skipped for every (row, token) whose weight
+    against the running maximum, exp2(s - m_i), is below tau, and the block's V is neither
+    decoded nor dotted when no row of the group keeps a token. The final weight, exp2(s - M) / l
+    with M >= m_i and l >= 1, is smaller still, so only tokens whose softmax weight is below tau
+    are skipped (not all of them: a split sees only its own maximum). The sums l keep every token.
 
     Triton pipelines (cp.async) only loads that feed a dot; the packed codes and
     scales of turbo formats are prefetched here by hand, one block ahead, in registers.
@@ -354,32 +363,40 @@ def _attend_range(
             l_blk = l_blk + p
         else:
             l_i = l_i + tl.sum(p, 1)
-        if V_FMT == FLOAT:
-            v = tl.load(V + vr[:, None] * D + d[None, :], mask=mask[:, None], other=0.0)
-            pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        elif V_FMT == INT8:
-            if V_TOKEN_MAJOR:  # V stored [B, H, D, cap]: tokens contiguous, as the int8 dot wants them
-                # masked at the padded capacity, not at L: constant over 16-token runs, so the
-                # loads stay 16-byte vectors (codes past L meet a zero weight; int8 has no NaN)
-                v_ptr = V + d[:, None] * v_cap + t[None, :]  # V points at this (batch, head)'s plane
-                v = tl.trans(tl.load(v_ptr, mask=t[None, :] < v_cap, other=0))
-            else:
-                v = tl.load(V + vr[:, None] * D + d[None, :], mask=mask[:, None], other=0)
-            if V_F16:
-                w = (p * ((sc >> 16) << 16).to(tl.float32, bitcast=True)[None, :]).to(tl.float16)
-                pv = tl.dot(w, _int8_biased_f16(v, PRMT))
-                if DEFER_SUMS:
-                    w_blk = w_blk + w.to(tl.float32)
-                else:
-                    w_i = w_i + tl.sum(w.to(tl.float32), 1)
-            else:
-                wh, wl, unit = _split_int8(p * ((sc >> 16) << 16).to(tl.float32, bitcast=True)[None, :])
-                # |dot| <= 127^2 * BLOCK_N: hi * 254 + lo fits int32 for BLOCK_N <= 256
-                pv = (tl.dot(wh, v) * 254 + tl.dot(wl, v)).to(tl.float32) * (unit * (1.0 / 254.0))[:, None]
+        if SPARSE_V < 0.0:  # skip V where every weight's bound is below tau (see above)
+            gap = s - m_i[:, None]
+            p = tl.where(gap >= SPARSE_V, p, 0.0)
+            rows = (tl.arange(0, BLOCK_G) < G)[:, None]  # the group's rows (the padding rows score 0)
+            live = tl.max(tl.max(tl.where(rows, gap, float("-inf")), 1), 0) >= SPARSE_V
         else:
-            c = _centroids(v_cur, CBV, V_BITS, D, BLOCK_N, PRMT)
-            pv = tl.dot((p * v_scale.to(tl.float32)[None, :]).to(tl.float16), c)
-        acc = acc + pv
+            live = True
+        if live:
+            if V_FMT == FLOAT:
+                v = tl.load(V + vr[:, None] * D + d[None, :], mask=mask[:, None], other=0.0)
+                pv = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            elif V_FMT == INT8:
+                if V_TOKEN_MAJOR:  # V stored [B, H, D, cap]: tokens contiguous, as the int8 dot wants them
+                    # masked at the padded capacity, not at L: constant over 16-token runs, so the
+                    # loads stay 16-byte vectors (codes past L meet a zero weight; int8 has no NaN)
+                    v_ptr = V + d[:, None] * v_cap + t[None, :]  # V points at this (batch, head)'s plane
+                    v = tl.trans(tl.load(v_ptr, mask=t[None, :] < v_cap, other=0))
+                else:
+                    v = tl.load(V + vr[:, None] * D + d[None, :], mask=mask[:, None], other=0)
+                if V_F16:
+                    w = (p * ((sc >> 16) << 16).to(tl.float32, bitcast=True)[None, :]).to(tl.float16)
+                    pv = tl.dot(w, _int8_biased_f16(v, PRMT))
+                    if DEFER_SUMS:
+                        w_blk = w_blk + w.to(tl.float32)
+                    else:
+                        w_i = w_i + tl.sum(w.to(tl.float32), 1)
+                else:
+                    wh, wl, unit = _split_int8(p * ((sc >> 16) << 16).to(tl.float32, bitcast=True)[None, :])
+                    # |dot| <= 127^2 * BLOCK_N: hi * 254 + lo fits int32 for BLOCK_N <= 256
+                    pv = (tl.dot(wh, v) * 254 + tl.dot(wl, v)).to(tl.float32) * (unit * (1.0 / 254.0))[:, None]
+            else:
+                c = _centroids(v_cur, CBV, V_BITS, D, BLOCK_N, PRMT)
+                pv = tl.dot((p * v_scale.to(tl.float32)[None, :]).to(tl.float16), c)
+            acc = acc + pv
     if DEFER_SUMS:
         l_i = l_i + tl.sum(l_blk, 1)
         w_i = w_i + tl.sum(w_blk, 1)
@@ -448,6 +465,7 @@ def _decode_split_kernel(
     ROTATE_HOT: tl.constexpr = False,
     INV_SQRT_D: tl.constexpr = 1.0,
     ROWS: tl.constexpr = 16,
+    SPARSE_V: tl.constexpr = 0.0,
 ):
     # grid: (B * Hkv, num_splits): one program per (batch, kv head, split of [0, L)), for all G query heads
     pdl_enter(PDL)
@@ -514,7 +532,7 @@ def _decode_split_kernel(
             m_i, l_i, acc, w_i = _attend_range(
                 qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, VH, VS, CBK, CBV,
                 row0, hot_row0, 0, K_FMT, FLOAT, False, D, BLOCK_N, PRECISION, PRMT, False, False,
-                BLOCK_G, RESCALE_TAU, DEFER_SUMS,
+                BLOCK_G, RESCALE_TAU, DEFER_SUMS, G, SPARSE_V,
             )  # fmt: skip
             if UNROTATE:  # plain already: the group's rows only, as the cold branch gives them
                 acc_rows = _first_rows(acc, BLOCK_G, ROWS, D)
@@ -524,7 +542,7 @@ def _decode_split_kernel(
             m_i, l_i, acc, w_i = _attend_range(
                 qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
                 row0, row0, 0, K_FMT, TURBO4, False, D, BLOCK_N, PRECISION, PRMT, False, False,
-                BLOCK_G, RESCALE_TAU, DEFER_SUMS,
+                BLOCK_G, RESCALE_TAU, DEFER_SUMS, G, SPARSE_V,
             )  # fmt: skip
             if UNROTATE:
                 acc_rows = _rotate_rows(acc, s1, s2, BLOCK_G, ROWS, D, INV_SQRT_D)
@@ -534,7 +552,7 @@ def _decode_split_kernel(
         m_i, l_i, acc, w_i = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
             row0, row0, v_cap, K_FMT, V_FMT, V_TOKEN_MAJOR, D, BLOCK_N, PRECISION, PRMT, K_F16, V_F16,
-            BLOCK_G, RESCALE_TAU, DEFER_SUMS,
+            BLOCK_G, RESCALE_TAU, DEFER_SUMS, G, SPARSE_V,
         )  # fmt: skip
         if V_FMT == INT8 and V_F16:
             acc -= 1152.0 * w_i[:, None]
@@ -1121,6 +1139,7 @@ def decode_attention(
     v_boundaries: torch.Tensor | None = None,
     merge_cols: int | None = None,
     rotated_out: bool = False,
+    sparse_v: float = 0.0,
 ) -> torch.Tensor:
     """One decode step of attention for one layer (same contract as `reference.decode_attention`).
 
@@ -1146,7 +1165,13 @@ def decode_attention(
     basis, s2 * H(s1 * o) with V's signs, for a caller that folded V's inverse rotation into its
     output projection (`engine.fold`): no program then runs the inverse rotation, and the reduction
     merges like fp16's (`merge_cols` included).
+
+    `sparse_v` = tau in (0, 1) skips V for stored tokens whose softmax weight is below tau (the
+    split programs' test, against their running maximum, is conservative: see `_attend_range`);
+    the weights' sum keeps every token and the fresh token is always used. 0: off.
     """
+    if not 0.0 <= sparse_v < 1.0:
+        raise ValueError(f"sparse_v must be in [0, 1), got {sparse_v}")
     b, hq, dim = q.shape
     cfg = default_config(mode, batch=b)
     block_n = block_n or cfg["block_n"]
@@ -1206,7 +1231,7 @@ def decode_attention(
         DEFER_SUMS=bool(cfg["defer_sums"] if defer_sums is None else defer_sums),
         num_warps=num_warps, num_stages=num_stages, STAMP=stamp, UNROTATE=unrotate, ROTATE_HOT=rotate_hot,
         ROWS=triton.next_power_of_2(group), INV_SQRT_D=wht_params(dim)["INV_SQRT_D"] if unrotate or rotate_hot else 1.0,
-        **pdl,
+        SPARSE_V=math.log2(sparse_v) if sparse_v > 0 else 0.0, **pdl,
     )  # fmt: skip
     codecs = {"k_signs": k_signs, "k_codebook": k_codebook, "k_boundaries": k_boundaries}
     codecs.update(v_signs=v_signs, v_codebook=v_codebook, v_boundaries=v_boundaries)

@@ -232,6 +232,12 @@ def dequantize_cache(
     return k, v
 
 
+def sparse_weights(p: torch.Tensor, tau: float) -> torch.Tensor:
+    """Sparse V: softmax weights `p` with every weight below `tau` set to 0 (for the product
+    with V only; nothing is renormalised). tau = 0: `p` itself."""
+    return p if tau <= 0 else torch.where(p >= tau, p, torch.zeros_like(p))
+
+
 def decode_attention(
     mode: str,
     q: torch.Tensor,
@@ -248,12 +254,14 @@ def decode_attention(
     v_codebook=None,
     out: torch.Tensor | None = None,
     rotated_out: bool = False,
+    sparse_v: float = 0.0,
     **_tuning,
 ) -> torch.Tensor:
     """One decode step: q [B, Hq, D] attends to stored tokens [0, L) (through the
     mode's storage) plus the fresh k_new, v_new [B, Hkv, D] (exact). Softmax in float32.
     Returns [B, Hq, D] in q's dtype (written into `out` when given); with `rotated_out`
-    (turbo V) in V's rotated basis, s2 * H(s1 * o)."""
+    (turbo V) in V's rotated basis, s2 * H(s1 * o). `sparse_v` = tau > 0: V is skipped
+    wherever the softmax weight is below tau (`sparse_weights`)."""
     k, v = dequantize_cache(
         mode,
         buffers,
@@ -269,7 +277,7 @@ def decode_attention(
     bsz, hq, d = q.shape
     g = hq // k.shape[1]
     qg = q.float().view(bsz, k.shape[1], g, d)
-    p = torch.softmax(torch.einsum("bhgd,bhtd->bhgt", qg, k) * sm_scale, -1)
+    p = sparse_weights(torch.softmax(torch.einsum("bhgd,bhtd->bhgt", qg, k) * sm_scale, -1), sparse_v)
     o = torch.einsum("bhgt,bhtd->bhgd", p, v).reshape(bsz, hq, d)
     if rotated_out:
         if not FORMATS[mode][1].startswith(("turbo", "delegated")):

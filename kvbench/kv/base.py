@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from kvbench.errors import KvbenchError
+from kvbench.kernels.reference import sparse_weights
 
 
 class KVCache:
@@ -48,6 +49,7 @@ class KVCache:
         grow_step: int = 256,
         layer_idx: int = 0,
         kernel: str = "reference",
+        sparse_v: float = 0.0,
     ) -> None:
         self.batch = batch
         self.n_kv_heads = n_kv_heads
@@ -57,6 +59,8 @@ class KVCache:
         self.grow_step = max(1, grow_step)
         self.layer_idx = layer_idx
         self.kernel = kernel
+        # sparse V (`--sparse-v-threshold`): decode steps skip V where the softmax weight is below it
+        self.sparse_v = sparse_v
         self.offset = 0  # absolute position of the next token (drives RoPE); only grows
         self.dropped = 0  # tokens removed by front trims so far
         self.capacity = 0
@@ -169,7 +173,7 @@ class KVCache:
             pk, pv = self.dequantized()
             k = torch.cat([pk.to(k.dtype), k], dim=2)
             v = torch.cat([pv.to(v.dtype), v], dim=2)
-        return sdpa(q, k, v, scale)
+        return sdpa(q, k, v, scale, self.sparse_v)
 
     # ------------------------------------------------- fused GPU decode (Triton kernels)
     def kernel_args(self) -> dict:
@@ -192,7 +196,7 @@ class KVCache:
         # by taking SM slots from the attention's grid.
         return decode_attention(
             self.kernel_mode, q, k, v, self.buffers, length, scale, cold_length=cold, workspace=workspace,
-            append=True, rotated_out=rotated_out, **self.kernel_args(),
+            append=True, rotated_out=rotated_out, sparse_v=self.sparse_v, **self.kernel_args(),
         )  # fmt: skip
 
     def pretend_filled(self, n: int) -> None:
@@ -240,12 +244,13 @@ def _clone_layout(x: torch.Tensor) -> torch.Tensor:
     return out.copy_(x)
 
 
-def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, sparse_v: float = 0.0) -> torch.Tensor:
     """Scaled dot-product attention where the last T keys are the queries' own
-    chunk (causal, aligned bottom-right) and every earlier key is visible."""
+    chunk (causal, aligned bottom-right) and every earlier key is visible. A decode
+    step (T = 1) with `sparse_v` > 0 skips V wherever the softmax weight is below it."""
     t, s = q.shape[2], k.shape[2]
-    if t == 1 and q.device.type == "cpu" and q.dtype != torch.float32:
-        return _decode_attention_cpu(q, k, v, scale)
+    if t == 1 and (sparse_v > 0 or (q.device.type == "cpu" and q.dtype != torch.float32)):
+        return _decode_attention_cpu(q, k, v, scale, sparse_v)
     mask = None
     if t > 1:
         mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
@@ -253,11 +258,11 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tor
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
-def _decode_attention_cpu(q, k, v, scale):
-    """One query token on CPU: grouped matmuls in fp32 (torch's CPU SDPA takes ~10x
-    longer for a single bf16 query: measured 2.3 ms vs 0.5 ms at 4K keys)."""
+def _decode_attention_cpu(q, k, v, scale, sparse_v=0.0):
+    """One query token by grouped matmuls in fp32 (on CPU torch's SDPA takes ~10x longer for a
+    single bf16 query: measured 2.3 ms vs 0.5 ms at 4K keys), with sparse V when asked."""
     b, hq, _, d = q.shape
     hk = k.shape[1]
     qg = q.float().view(b, hk, hq // hk, d)
-    p = torch.softmax((qg @ k.float().transpose(-1, -2)) * scale, dim=-1)
+    p = sparse_weights(torch.softmax((qg @ k.float().transpose(-1, -2)) * scale, dim=-1), sparse_v)
     return (p @ v.float()).view(b, hq, 1, d).to(q.dtype)

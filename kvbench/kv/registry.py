@@ -148,11 +148,13 @@ def build_caches(
     boundary_v: int | None = None,
     kernel: str = "reference",
     mode_options: dict | None = None,
+    sparse_v: float = 0.0,
 ) -> list:
     """One cache per layer for `mode` (already resolved for the model).
 
     Boundary-V (modes that declare it): the first and last `boundary_v` layers
-    keep fp16 K and V. `None` means the mode's default.
+    keep fp16 K and V. `None` means the mode's default. `sparse_v`: every layer's decode
+    steps skip V where the softmax weight is below it (0: off).
     """
     cls = get(mode)
     fp16_cls = get("fp16")
@@ -168,6 +170,7 @@ def build_caches(
         device=device,
         capacity=capacity,
         kernel=kernel,
+        sparse_v=sparse_v,
     )
     caches = []
     for i in range(n_layers):

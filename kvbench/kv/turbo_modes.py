@@ -17,6 +17,7 @@ from typing import ClassVar
 import torch
 
 from kvbench.errors import KvbenchError
+from kvbench.kernels.reference import sparse_weights
 from kvbench.kv import turbo
 from kvbench.kv.base import KVCache, sdpa
 from kvbench.kv.registry import register
@@ -109,7 +110,7 @@ class TurboCache(KVCache):
     def attend(self, q, k, v, scale):
         live = self.live
         if not live:
-            return sdpa(q, k, v, scale)
+            return sdpa(q, k, v, scale, self.sparse_v)
         if q.shape[2] > 16:  # prefill chunks: dequantize once and use fused SDPA (same result)
             return self.reference_attend(q, k, v, scale)
         hq, t = q.shape[1], q.shape[2]
@@ -125,6 +126,8 @@ class TurboCache(KVCache):
             [q_stored @ k_stored.unsqueeze(2).transpose(-1, -2), scores_fresh.masked_fill(causal, -torch.inf)], -1
         )
         p = torch.softmax(scores * scale, dim=-1)
+        if t == 1:
+            p = sparse_weights(p, self.sparse_v)
         out = p[..., live:] @ v.float().unsqueeze(2)
         for start, end, vals, rotated in self._stored_v():
             if end == start:
