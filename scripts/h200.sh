@@ -120,6 +120,10 @@
 #      in a call) at 6b3f53d: stamps, end-to-end A/B, the new tests on compiled kernels
 #   BL (carry .gpu/p0 .gpu/whl) the kernel and engine tests, then the benchmark
 #   BM (after BL, same machine, carry .gpu/p1), then BN (same machine, carry .gpu/p2 .gpu/whl): the audit
+#   2026-12-02, sixteenth session (results/2026-12-02i-h200; commands in its README): the benchmark and ktests
+#      inline at 0953ef7 (no model), then sparse V on dummy Llama-3.1-8B; then the model in two xz halves
+#      (`xz -6` of the GGUF split in two, .gpu/q0 then .gpu/q1 + .gpu/whl, joined through python's lzma)
+#      for sparse V on the default model, two calls on one machine
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A

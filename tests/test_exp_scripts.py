@@ -25,3 +25,25 @@ def test_stamps_plot_reads_tail_stamps_tables(tmp_path):
     assert done.returncode == 0 and out.read_bytes()[:4] == b"\x89PNG", done.stderr
     missing = subprocess.run([*args, "c=/nonexistent", "-o", str(out)], capture_output=True, text=True)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "stamps_plot:" in missing.stderr
+
+
+def test_sparse_v_share_counts_weights_and_whole_blocks():
+    """One kv head, two query heads, 300 tokens (3 blocks of 128, the last short): head 0 puts
+    its weight on token 0, head 1 on token 200; the rest score 20 (natural log) lower."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts/exp"))
+    try:
+        import sparse_v_share
+    finally:
+        sys.path.pop(0)
+    k = torch.zeros(1, 1, 300, 2)
+    k[0, 0, 0, 0] = k[0, 0, 200, 1] = 20.0
+    q = torch.eye(2).view(1, 2, 1, 2)
+    got = sparse_v_share.shares(q, k, 1.0, [1e-6, 1.0])
+    tokens, blocks = got[1e-6]
+    assert abs(tokens - 598 / 600) < 1e-6  # all but each head's own token
+    assert abs(blocks - 1 / 3) < 1e-6  # block 1 (tokens 128-255) holds head 1's token, block 0 head 0's
+    assert (
+        got[1.0][0] == 1.0 and abs(got[1.0][1] - 1 / 3) < 1e-6
+    )  # every weight is below 1, but blocks 0 and 1 hold a gap of 0
