@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import inspect
 import itertools
 import math
 import os
@@ -252,6 +253,7 @@ VARIANTS = {  # name suffixes (after ":", joined by "+") -> decode_attention lau
 
 
 VARIANTS_KEYS = {k for v in VARIANTS.values() for k in v}
+LAUNCH_ARGS = set(inspect.signature(decode_attention).parameters)  # the knobs a launch takes as arguments
 
 
 def kernel_mode(name):
@@ -498,6 +500,7 @@ def run(args):
     if args.once:
         for (b, length), mode in itertools.product(shapes, modes):
             kw = attn_kwargs(mode_kwargs(mode, cod))
+            kw["rotated_out"] = bool(default_config(mode, batch=b)["fold_v"])  # as the decode step launches it
             bufs = random_cache(mode, b, length, dtype, device)
             q = torch.randn(b, HQ, D, device=device, dtype=dtype)
             kn, vn = torch.randn(2, b, HKV, D, device=device, dtype=dtype)
@@ -532,6 +535,10 @@ def run(args):
             not_split_knobs += tuple(VARIANTS_KEYS)
             for key in not_split_knobs:
                 cfg.pop(key, None)
+            # as the decode step launches it: a turbo V's output left rotated where it folds W_o (`fold_v`);
+            # the other knobs (`maxnreg`, `splits`, `early_release`, ...) decode_attention reads from the config
+            cfg["rotated_out"] = bool(cfg.pop("fold_v", False))
+            cfg = {k: v for k, v in cfg.items() if k in LAUNCH_ARGS}
             cfg["num_stages"] = None  # as the launcher picks it (launch_stages)
             default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, pps, nearest)
             configs = [{"num_splits": None, **cfg}]
@@ -539,6 +546,7 @@ def run(args):
                 configs += [explicit_config(c, b, length, pps, nearest, device) for c in args.configs.split(",")]
             elif args.tune:
                 configs += tuning_grid(args.grid, default_splits, (cfg["block_n"], cfg["num_warps"]))
+            configs = [{"rotated_out": cfg["rotated_out"], **c} for c in configs]
             try:
                 results, nbytes = bench_mode(mode, b, length, dtype, device, cod, configs, args.append)
             except Exception as exc:  # keep timing the other modes; report the failure

@@ -61,6 +61,7 @@ def compile_split(
     unrotate: bool = False,
     rotated_out: bool = False,
     sparse_v: float = 0.0,
+    maxnreg: int | None = None,
 ):
     """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned
     (`unrotate`: a turbo V's sums inverse-rotated in the kernel, as `merge_cols` launches it;
@@ -86,7 +87,8 @@ def compile_split(
     def table(name):
         return "*i32" if name.startswith("CB") or scales.get(name) == "int8" else "*fp32"
 
-    return compile_sm90(fn, consts, pointers, table, {"num_warps": warps, "num_stages": stages}, ALIGNED_INTS)
+    options = {"num_warps": warps, "num_stages": stages, **({"maxnreg": maxnreg} if maxnreg else {})}
+    return compile_sm90(fn, consts, pointers, table, options, ALIGNED_INTS)
 
 
 def compile_sm90(fn, consts, pointers, table, options, aligned=()):
@@ -218,6 +220,7 @@ def main():
         help="a turbo V's output left rotated (`rotated_out`: W_o holds the inverse; delegated's hot split rotates)",
     )
     ap.add_argument("--sparse-v", type=float, default=0.0, help="sparse V's tau (`sparse_v`; 0: off)")
+    ap.add_argument("--maxnreg", type=int, help="cap the split kernel's registers per thread (`maxnreg`; spills)")
     args = ap.parse_args()
     top_n = int(os.environ.get("SASS_TOP", 16))
     for mode in args.modes.split(","):
@@ -253,6 +256,7 @@ def main():
             unrotate=args.unrotate,
             rotated_out=args.rotated_out,
             sparse_v=args.sparse_v,
+            maxnreg=args.maxnreg,
         )
         sass = sass_of(kernel)
         every = instructions(sass)

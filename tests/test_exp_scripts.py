@@ -47,3 +47,25 @@ def test_sparse_v_share_counts_weights_and_whole_blocks():
     assert (
         got[1.0][0] == 1.0 and abs(got[1.0][1] - 1 / 3) < 1e-6
     )  # every weight is below 1, but blocks 0 and 1 hold a gap of 0
+
+
+def test_turbo4_budget_from_the_measured_files(capsys):
+    sys.path.insert(0, str(ROOT / "scripts/exp"))
+    try:
+        import turbo4_budget as tb
+    finally:
+        sys.path.pop(0)
+    # a toy step: 10 ms, of which 32 layers of 100 us attention; 4 of them stay fp16
+    other, allowed = tb.layer_budget(10.0, 100.0, 1.0, 32, 28)
+    assert abs(other - 6.8) < 1e-9 and abs(allowed - 100.0) < 1e-9  # 1x: the same attention
+    other, allowed = tb.layer_budget(10.0, 100.0, 1.25, 32, 28)
+    assert abs(allowed - (8.0 - 6.8 - 0.4) / 28 * 1000) < 1e-9
+    ncu = tb.read_ncu([ROOT / "results/2026-12-03-h200/ncu-split.txt"], 8)
+    assert ncu[("turbo4", 16)]["inst"] == 250_649_856 and ncu[("turbo4", 16)]["splits"] == 17
+    assert ncu[("fp16", 1)]["sms"] == 132
+    assert tb.main([]) == 0
+    out = capsys.readouterr().out
+    assert "batch 1:" in out and "batch 16:" in out and "issue slots" in out
+    assert tb.main(["--bench", "/nonexistent.csv"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("turbo4_budget:")

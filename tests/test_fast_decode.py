@@ -110,6 +110,25 @@ def test_fused_decode_matches_reference(tiny, mode, seed, monkeypatch):
     assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
 
 
+def test_query_rotation_in_rope_changes_nothing(tiny, monkeypatch):
+    """turbo4's query rotation written by RoPE's kernel (`q_rot_in_rope`) or by a launch of its own
+    in the attention: the same logits bit for bit, and the launch runs only when asked."""
+    import kvbench.kernels.decode_attention as da
+
+    calls = []
+    real = da.rotate
+    monkeypatch.setattr(da, "rotate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ids = torch.randint(0, 512, (2, 21), device=DEVICE)
+    forced = torch.randint(0, 512, (2, 6), device=DEVICE)
+    monkeypatch.setenv("KVBENCH_ATTN_CONFIG", json.dumps({"turbo4": {"q_rot_in_rope": True}}))
+    fused, caches = run(tiny, "turbo4", True, ids, forced)
+    assert caches[1].kernel_mode == "turbo4" and not calls
+    monkeypatch.setenv("KVBENCH_ATTN_CONFIG", json.dumps({"turbo4": {"q_rot_in_rope": False}}))
+    launched, _ = run(tiny, "turbo4", True, ids, forced)
+    assert calls, "the attention's own rotation did not run"
+    assert torch.equal(fused, launched)
+
+
 @pytest.mark.parametrize("mode", ["int8", "turbo4-asym"])
 def test_sparse_v_reaches_both_paths(tiny, mode, seed):
     """`sparse_v` on the caches changes the decode of both paths (tau = 0.3 skips most tokens' V;

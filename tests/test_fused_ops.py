@@ -147,6 +147,50 @@ def test_rope_qk(dtype, b, t, hq, hk, d, qk_norm):
         _close(gt, ex, dtype, seed, f"fresh {name}")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("b", "hq", "hk", "d"), [(2, 32, 8, 128), (3, 9, 3, 64), (1, 5, 1, 16)])
+def test_rope_qk_rotates_the_query(dtype, b, hq, hk, d):
+    """`q_rot`: RoPE's kernel also writes s2 * H(s1 * q) in float32 for a turbo K, bit for bit what
+    the rotation launch (`quantize.rotate`) makes of the stored q, for every q head (poisoned
+    buffer; heads not a multiple of the program's), and close to the matrix reference."""
+    from kvbench.kernels.quantize import rotate
+    from kvbench.kernels.reference import random_signs
+    from kvbench.kernels.reference import rotate as rotate_reference
+
+    g, seed = _gen()
+    qkv, cos, sin = _rope_inputs(g, b, 1, hq, hk, d, dtype, pos0=int(torch.randint(0, 4000, (1,), generator=g)))
+    s1, s2 = random_signs(d, seed % 1000), random_signs(d, seed % 1000 + 1)
+    qr = _nan(b, hq, d, dtype=torch.float32)
+    q, k, v = fo.rope_qk(qkv, cos, sin, hq, hk, d, q_rot=(qr, s1, s2))
+    exp = ref.rope_qk_reference(qkv, cos, sin, hq, hk, d)
+    for name, gt, ex in zip("qkv", (q, k, v), exp, strict=True):
+        _close(gt, ex, dtype, seed, name)
+    want = rotate(q[:, :, 0], s1, s2)
+    assert not qr.isnan().any(), f"seed {seed}: unwritten rows"
+    assert torch.equal(qr, want), f"seed {seed}: {(qr - want).abs().max():.3g} from the rotation launch"
+    torch.testing.assert_close(qr, rotate_reference(q[:, :, 0], s1, s2), atol=1e-5, rtol=1e-5)
+
+
+def test_rope_qk_rotation_checked(monkeypatch):
+    qkv = torch.zeros(1, 2, 4 * 16)
+    cos = sin = torch.zeros(2, 16)
+    s = torch.ones(16)
+    with pytest.raises(ValueError, match="one token"):
+        fo.rope_qk(qkv, cos, sin, 2, 1, 16, q_rot=(torch.zeros(1, 2, 16), s, s))
+    with pytest.raises(ValueError, match="power-of-two"):
+        fo.rope_qk(torch.zeros(1, 1, 4 * 24), torch.zeros(1, 24), torch.zeros(1, 24), 2, 1, 24,
+                   q_rot=(torch.zeros(1, 2, 24), torch.ones(24), torch.ones(24)))  # fmt: skip
+    with pytest.raises(ValueError, match="q_rot"):
+        fo.rope_qk(qkv[:, :1], cos[:1], sin[:1], 2, 1, 16, q_rot=(torch.zeros(1, 2, 16, dtype=torch.float16), s, s))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the PyTorch fallback rotates too
+    x = torch.randn(1, 1, 4 * 16)
+    qr = torch.full((1, 2, 16), float("nan"))
+    q, _, _ = fo.rope_qk(x, cos[:1], sin[:1], 2, 1, 16, q_rot=(qr, s, -s))
+    from kvbench.kernels.reference import rotate as rotate_reference
+
+    torch.testing.assert_close(qr, rotate_reference(q[:, :, 0], s, -s))
+
+
 def test_rope_qk_only_one_norm():
     g, seed = _gen()
     qkv, cos, sin = _rope_inputs(g, 2, 1, 6, 2, 64, torch.float32)

@@ -248,6 +248,34 @@ def test_merge_columns_follow_fold_v(monkeypatch):
     assert t3["fold_v"] and merge_columns(t3, 128) == 0
 
 
+@pytest.mark.parametrize("mode", ["turbo4", "fp16"])
+def test_maxnreg_reaches_the_split_launch(mode, seed, monkeypatch):
+    """`maxnreg` (KVBENCH_ATTN_CONFIG) caps the split kernel's registers: it reaches that launch as
+    ptxas's cap, only for the mode that sets it, and the output is unchanged (a GPU compiles it
+    with spills; the interpreter ignores it)."""
+    import kvbench.kernels.decode_attention as da
+
+    launches = []
+
+    class Spy:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append(kwargs.get("maxnreg"))
+                return self.kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(da, "_decode_split_kernel", Spy(da._decode_split_kernel))
+    monkeypatch.setenv("KVBENCH_ATTN_CONFIG", '{"turbo4": {"maxnreg": 128}}')
+    out, expected = run_decode(mode, 1, 2, 4, 64, 150, 160, F16, 3)
+    assert launches == [128 if mode == "turbo4" else None]
+    assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
+    assert max_rel(out, expected) < tolerance(mode, F16), f"seed {seed}"
+
+
 @pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}-cap{}-{}-s{}".format(*c))
 @pytest.mark.parametrize("int8_v", ["token-major", "row-major"])
 @pytest.mark.parametrize("dot", ["s8", "f16", "mixed"])

@@ -76,6 +76,9 @@ class FastDecoder:
         self.prefetch = [self._prefetch_args(c) for c in caches]
         # layer -> V's signs, where the step folds a turbo V's inverse rotation into W_o (`engine.fold`)
         self.wo_fold = self._fold_signs()
+        # layer -> (the workspace's rotated-query buffer, K's signs), where RoPE's kernel rotates the query
+        # for a turbo K (`q_rot_in_rope`) and the attention launches no rotation of its own
+        self.q_rot = self._q_rot_args()
         self.steps = 0
 
     def _fold_signs(self) -> dict:
@@ -86,6 +89,16 @@ class FastDecoder:
             signs = c.kernel_args().get("v_signs")
             if signs is not None and default_config(c.kernel_mode, batch=self.batch)["fold_v"]:
                 out[i] = signs
+        return out
+
+    def _q_rot_args(self) -> dict:
+        from kvbench.kernels.decode_attention import default_config
+
+        out = {}
+        for i, c in enumerate(self.caches):
+            signs = c.kernel_args().get("k_signs")
+            if signs is not None and default_config(c.kernel_mode, batch=self.batch)["q_rot_in_rope"]:
+                out[i] = (self.workspaces[c.kernel_mode].q_rot, *signs)
         return out
 
     def _prefetch_args(self, cache) -> tuple[dict, dict]:
@@ -138,6 +151,7 @@ class FastDecoder:
                 q_norm=qn,
                 k_norm=kn,
                 eps=eps,
+                q_rot=self.q_rot.get(i),
                 **rope_kw,
             )
             o = cache.fused_decode(
@@ -149,6 +163,7 @@ class FastDecoder:
                 self.workspaces[cache.kernel_mode],
                 at.scale,
                 rotated_out=i in self.wo_fold,
+                q_rotated=self.q_rot[i][0] if i in self.q_rot else None,
             )  # with `rotated_out`, W_o holds V's inverse rotation (`engine.fold`)
             x = linear(o.reshape(b, 1, a.n_heads * a.head_dim), at.wo.weight)
             h, residual = rmsnorm(x, layer.ffn_norm.weight, layer.ffn_norm.eps, residual=residual)

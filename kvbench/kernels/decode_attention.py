@@ -858,6 +858,12 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     cfg["hot_in_budget"] = True
     # `splits`: a fixed split count (None: `choose_num_splits`), for experiments
     cfg["splits"] = None
+    # `maxnreg`: a cap on the split kernel's registers per thread (ptxas `.maxnreg`; None: the compiler's
+    # choice). Fewer registers let more warps share an SM, at the price of spills to local memory.
+    cfg["maxnreg"] = None
+    # `q_rot_in_rope` (turbo K): the decode step has the RoPE kernel write the rotated query beside q
+    # (`fused_ops.rope_qk(q_rot=...)`) instead of a rotation launch of its own between RoPE and attention.
+    cfg["q_rot_in_rope"] = False
     # `merge_cols`: columns of D per reduction program (None: whole rows, one program per query head).
     # Fewer columns put more programs, each one warp merging every split in one pass with no barrier;
     # a turbo V's inverse rotation (which needs whole rows) then moves into the split programs. On the
@@ -1140,6 +1146,7 @@ def decode_attention(
     merge_cols: int | None = None,
     rotated_out: bool = False,
     sparse_v: float = 0.0,
+    q_rotated: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One decode step of attention for one layer (same contract as `reference.decode_attention`).
 
@@ -1169,6 +1176,9 @@ def decode_attention(
     `sparse_v` = tau in (0, 1) skips V for stored tokens whose softmax weight is below tau (the
     split programs' test, against their running maximum, is conservative: see `_attend_range`);
     the weights' sum keeps every token and the fresh token is always used. 0: off.
+
+    `q_rotated` (turbo K): the query already rotated with K's signs, s2 * H(s1 * q) in float32
+    [B, Hq, D] (`fused_ops.rope_qk(q_rot=...)` writes it beside RoPE); else a launch rotates it here.
     """
     if not 0.0 <= sparse_v < 1.0:
         raise ValueError(f"sparse_v must be in [0, 1), got {sparse_v}")
@@ -1202,7 +1212,11 @@ def decode_attention(
     cbk = table("k", k_codebook) if kf == "turbo4" else ks
     cbv = table("v", v_codebook) if vf.startswith(("turbo", "delegated")) else vs
     q_score = q
-    if kf == "turbo4":
+    if kf == "turbo4" and q_rotated is not None:
+        if tuple(q_rotated.shape) != (b, hq, dim) or q_rotated.dtype != torch.float32 or q_rotated.stride(-1) != 1:
+            raise ValueError(f"q_rotated must be float32 [{b}, {hq}, {dim}] with a unit last stride")
+        q_score = q_rotated
+    elif kf == "turbo4":
         q_score = rotate(q, *k_signs, out=workspace.q_rot)
     qk_scale = sm_scale * LOG2E
     precision = "ieee" if torch.float32 in (q.dtype, k.dtype, v.dtype) else "tf32"
@@ -1232,6 +1246,7 @@ def decode_attention(
         num_warps=num_warps, num_stages=num_stages, STAMP=stamp, UNROTATE=unrotate, ROTATE_HOT=rotate_hot,
         ROWS=triton.next_power_of_2(group), INV_SQRT_D=wht_params(dim)["INV_SQRT_D"] if unrotate or rotate_hot else 1.0,
         SPARSE_V=math.log2(sparse_v) if sparse_v > 0 else 0.0, **pdl,
+        **({"maxnreg": int(cfg["maxnreg"])} if cfg["maxnreg"] else {}),
     )  # fmt: skip
     codecs = {"k_signs": k_signs, "k_codebook": k_codebook, "k_boundaries": k_boundaries}
     codecs.update(v_signs=v_signs, v_codebook=v_codebook, v_boundaries=v_boundaries)

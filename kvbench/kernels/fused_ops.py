@@ -33,6 +33,8 @@ import triton.language as tl
 from kvbench.kernels import fused_ops_reference as ref
 from kvbench.kernels.launch import pdl_enter, pdl_kwargs
 from kvbench.kernels.prefetch import l2_prefetch, launch_args
+from kvbench.kernels.quantize import _wht, wht_params
+from kvbench.kernels.reference import rotate as rotate_reference
 
 __all__ = ["rmsnorm", "rope_qk", "silu_mul"]
 
@@ -239,9 +241,17 @@ def _rope_qk_kernel(
     PF_EVICT_LAST: tl.constexpr = False,
     PF_LINES: tl.constexpr = False,
     PDL: tl.constexpr = False,
+    QR_ptr=None,
+    S1_ptr=None,
+    S2_ptr=None,
+    s_rb=0,
+    s_rh=0,
+    QROT: tl.constexpr = False,
+    INV_SQRT_D: tl.constexpr = 1.0,
 ):
     # One program: one token (b, t) x HB consecutive heads of the [q | k | v]
-    # head axis (a contiguous chunk of the qkv row).
+    # head axis (a contiguous chunk of the qkv row). QROT (T = 1, BLOCK_D = D): the q heads
+    # also leave rotated for a turbo K, s2 * H(s1 * q) in float32, into QR [B, Hq, D].
     if PDL and PF_REGIONS > 0:  # the attention's cache is not the QKV GEMV's output: ask L2 for it first
         l2_prefetch(PF_TABLE, PF_LEN, pf_budget, PF_TABLE, PF_REGIONS, PF_NT, PF_EVICT_LAST, PF_LINES)
     pdl_enter(PDL, False)  # the attention's split grid starts once this kernel is off the SMs
@@ -293,6 +303,11 @@ def _rope_qk_kernel(
     tl.store(q_ptr + b * s_qb + hh * s_qh + t * s_qt + col, y, mask=m & is_q[:, None])
     tl.store(k_ptr + b * s_kb + (hh - HQ) * s_kh + t * s_kt + col, y, mask=m & is_k[:, None])
     tl.store(v_ptr + b * s_vb + (hh - HQ - HKV) * s_vh + t * s_vt + col, v_val.to(dt), mask=m & is_v[:, None])
+    if QROT:  # as `quantize.rotate` does from the stored q: the same float32 butterflies per row
+        s1 = tl.load(S1_ptr + d).to(tl.float32)[None, :]
+        s2 = tl.load(S2_ptr + d).to(tl.float32)[None, :]
+        yr = _wht(y.to(tl.float32) * s1, HB, BLOCK_D, INV_SQRT_D) * s2
+        tl.store(QR_ptr + b * s_rb + hh * s_rh + col, yr, mask=m & is_q[:, None])
 
 
 def _cos_strides(c: torch.Tensor, b: int, t: int, d: int, name: str) -> tuple[int, int]:
@@ -315,6 +330,7 @@ def rope_qk(
     eps: float = 1e-6,
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     prefetch: tuple | None = None,
+    q_rot: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused qkv projection [B, T, (Hq + 2 Hkv) * D] (or [B, N] for T = 1)
     -> (q [B, Hq, T, D], k [B, Hkv, T, D], v [B, Hkv, T, D]) in one launch.
@@ -330,6 +346,11 @@ def rope_qk(
     GEMV, the programs ask L2 for the attention's cache (`kernels.prefetch`: a `region_table`,
     the device length L, a byte budget, the L2 policy, line by line or in bulk); ignored
     without PDL.
+
+    `q_rot=(out, s1, s2)`: also writes the rotated query a turbo K scores against (T = 1, head_dim
+    a power of two), out[b, h] = s2 * H(s1 * q[b, h, 0]) in float32 ([B, Hq, D], unit last stride),
+    exactly as `quantize.rotate(q[:, :, 0], s1, s2)` computes it, so the decode step needs no
+    launch of its own for it.
     """
     hq, hk, d = n_heads, n_kv_heads, head_dim
     if d % 2:
@@ -348,11 +369,21 @@ def rope_qk(
         if wt is not None and tuple(wt.shape) != (d,):
             raise ValueError(f"{wname}: expected ({d},), got {tuple(wt.shape)}")
 
+    if q_rot is not None:
+        wht_params(d)  # a power of two <= 256, else a clear error
+        if t != 1:
+            raise ValueError(f"q_rot: one token per sequence (decode), got {t}")
+        _check_out(q_rot[0], (bsz, hq, d), torch.float32, qkv.device, "q_rot[0]")
+        if q_rot[0].stride(-1) != 1:
+            raise ValueError("q_rot[0] needs a unit last stride")
+
     if not _use_triton(qkv):
         res = ref.rope_qk_reference(q3, cos, sin, hq, hk, d, q_norm, k_norm, eps)
-        if out is None:
-            return res
-        return tuple(o.copy_(r) for o, r in zip(out, res, strict=True))
+        if out is not None:
+            res = tuple(o.copy_(r) for o, r in zip(out, res, strict=True))
+        if q_rot is not None:
+            q_rot[0].copy_(rotate_reference(res[0][:, :, 0], q_rot[1], q_rot[2]))
+        return res
 
     if out is None:
         out = tuple(torch.empty(shp, dtype=qkv.dtype, device=qkv.device) for shp in shapes)
@@ -407,11 +438,19 @@ def rope_qk(
         HB=hb,
         BLOCK_D=block_d,
         **pf,
+        **_q_rot_args(q_rot, d),
         num_warps=warps,
         enable_fp_fusion=False,  # else x*cos + r contracts to one fma: one rounding, not eager's two
         **pdl,
     )
     return q_o, k_o, v_o
+
+
+def _q_rot_args(q_rot, d: int) -> dict:
+    if q_rot is None:
+        return {}
+    out, s1, s2 = q_rot
+    return dict(QR_ptr=out, S1_ptr=s1, S2_ptr=s2, s_rb=out.stride(0), s_rh=out.stride(1), QROT=True, **wht_params(d))
 
 
 # ---------------------------------------------------------------------------

@@ -183,11 +183,12 @@ class KVCache:
     def use_triton(self) -> bool:
         return self.kernel == "triton" and self.kernel_mode is not None and self.device.type == "cuda"
 
-    def fused_decode(self, q, k, v, length, cold, workspace, scale, rotated_out=False):
+    def fused_decode(self, q, k, v, length, cold, workspace, scale, rotated_out=False, q_rotated=None):
         """Attention of one decode token over L stored tokens plus itself, then its
         quantize-on-write into slot L; L (and C) are device tensors. q [B, Hq, D],
         k/v [B, Hkv, D]. The host calls `after_fused_append` afterwards. `rotated_out`:
-        the output in a turbo V's rotated basis (its caller folded the inverse into W_o)."""
+        the output in a turbo V's rotated basis (its caller folded the inverse into W_o);
+        `q_rotated`: a turbo K's rotated query, computed by the caller (RoPE's kernel)."""
         from kvbench.kernels.decode_attention import decode_attention
 
         # The write runs in the attention's reduction kernel (`append=True`), or right after
@@ -196,7 +197,7 @@ class KVCache:
         # by taking SM slots from the attention's grid.
         return decode_attention(
             self.kernel_mode, q, k, v, self.buffers, length, scale, cold_length=cold, workspace=workspace,
-            append=True, rotated_out=rotated_out, sparse_v=self.sparse_v, **self.kernel_args(),
+            append=True, rotated_out=rotated_out, sparse_v=self.sparse_v, q_rotated=q_rotated, **self.kernel_args(),
         )  # fmt: skip
 
     def pretend_filled(self, n: int) -> None:

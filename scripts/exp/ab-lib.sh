@@ -8,13 +8,24 @@ nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader
 some() { python3 -c "import json,sys; print(json.dumps({m: json.loads(sys.argv[2]) for m in sys.argv[1].split(',')}))" "$1" "$2"; }
 
 # ab_run N CONFIG CONTEXTS BATCH MODES [LABEL]: decode-bench of dummy Llama-3.1-8B under KVBENCH_ATTN_CONFIG=CONFIG
-# into $OUT/r/run-N, then its one-line summary (scripts/exp/bench_summary.py)
+# into $OUT/r/run-N, then its one-line summary (scripts/exp/bench_summary.py); $AB_FLAGS: more decode-bench flags
 ab_run() {
   KVBENCH_ATTN_CONFIG="$2" timeout 120 python3 -m kvbench decode-bench --model dummy:llama-3.1-8b \
-    --modes $5 --contexts $3 --batch $4 --warmup 8 --gen 64 --repeats 3 --quiet --devices 0 \
+    --modes $5 --contexts $3 --batch $4 --warmup 8 --gen 64 --repeats 3 --quiet --devices 0 ${AB_FLAGS:-} \
     --out $OUT/r/run-$1 > $OUT/r/run-$1.log 2>&1
   echo "run $1 (${6:-} $3 B=$4) rc=$? t=$SECONDS"
   python3 scripts/exp/bench_summary.py $OUT/r/run-$1/bench.csv || tail -5 $OUT/r/run-$1.log
+}
+
+# ab_runs "RUNS" MODES: each variant:contexts:batch of RUNS in order, an ab_run under ${V[variant]} (the
+# caller's associative array of KVBENCH_ATTN_CONFIG values), numbered from $RUN0 + 1, skipped past BUDGET_S
+ab_runs() {
+  local n=${RUN0:-0} run v ctx batch
+  for run in $1; do
+    IFS=: read -r v ctx batch <<< "$run"; n=$((n + 1))
+    [ $SECONDS -gt ${BUDGET_S:-520} ] && { echo "run $n skipped: time"; continue; }
+    ab_run $n "${V[$v]}" $ctx $batch $2 $v
+  done
 }
 
 # ab_tests FILE...: the pytest -k "$TESTS" selection of FILEs on compiled kernels, until BUDGET_S (+60 s)

@@ -23,11 +23,6 @@ for v in ${STAMPS-def base}; do
   ab_stamps $v "${V[$v]}" fp16,turbo4-asym,turbo3-asym,turbo4-delegated
 done
 RUNS=${RUNS:-"base:8k:1 def:8k:1 fold:8k:1 base:8k:1 def:8k:1 fold:8k:1 base:2k,32k:1 def:2k,32k:1 base:8k,32k:16 def:8k,32k:16"}
-n=0
-for run in $RUNS; do
-  IFS=: read -r v ctx batch <<< "$run"; n=$((n + 1))
-  [ $SECONDS -gt ${BUDGET_S:-520} ] && { echo "run $n skipped: time"; continue; }
-  ab_run $n "${V[$v]}" $ctx $batch $MODES $v
-done
+ab_runs "$RUNS" $MODES
 ab_tests tests/test_kernels.py tests/test_fast_decode.py
 (cd $OUT && tar czf fold-v.tgz r && rm -rf r)
