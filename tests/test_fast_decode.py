@@ -111,10 +111,11 @@ def test_fused_decode_matches_reference(tiny, mode, seed, monkeypatch):
 
 
 def test_query_rotation_in_rope_changes_nothing(tiny, monkeypatch):
-    """turbo4's query rotation written by RoPE's kernel (`q_rot_in_rope`) or by a launch of its own
-    in the attention: the same logits bit for bit, and the launch runs only when asked."""
+    """turbo4's query rotation written by RoPE's kernel (`q_rot_in_rope`, the default) or by a launch
+    of its own in the attention: the same logits bit for bit, and the launch runs only when asked."""
     import kvbench.kernels.decode_attention as da
 
+    assert da.default_config("turbo4")["q_rot_in_rope"] and not da.default_config("turbo4-asym")["q_rot_in_rope"]
     calls = []
     real = da.rotate
     monkeypatch.setattr(da, "rotate", lambda *a, **k: calls.append(1) or real(*a, **k))

@@ -863,7 +863,10 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     cfg["maxnreg"] = None
     # `q_rot_in_rope` (turbo K): the decode step has the RoPE kernel write the rotated query beside q
     # (`fused_ops.rope_qk(q_rot=...)`) instead of a rotation launch of its own between RoPE and attention.
-    cfg["q_rot_in_rope"] = False
+    # The same bits either way. On the H200 (results/2026-12-03-h200/q-rot-rope, alternating on one lease)
+    # turbo4 went from 0.9840 / 0.9837 of fp16 to 0.9859 / 0.9863 at 8K, batch 1, from 0.9811 / 0.9812 to
+    # 0.9823 / 0.9823 at 32K, and from 0.9716 to 0.9723 at 32K, batch 16: ~0.3 us a layer, not the 1-2% predicted.
+    cfg["q_rot_in_rope"] = FORMATS[mode][0] == "turbo4"
     # `merge_cols`: columns of D per reduction program (None: whole rows, one program per query head).
     # Fewer columns put more programs, each one warp merging every split in one pass with no barrier;
     # a turbo V's inverse rotation (which needs whole rows) then moves into the split programs. On the
