@@ -375,7 +375,11 @@ def test_decode_sparse_v_skips_the_tail(mode, rotated_out, seed):
     tol = tolerance(mode, F16)
     err, moved = max_rel(out, sparse), max_rel(dense, sparse)
     assert err < tol, f"seed {seed}: {mode}: max rel error {err:.2e} against the sparse reference"
-    assert moved > 20 * tol, f"seed {seed}: {mode}: the tail moved the output by only {moved:.2e}"
+    # the reference's own separation, so that agreeing with it within tol cannot mean "dense". Its
+    # smallest on the CPU: 16 tolerances for turbo4 over 200 seeds (its quantized K gives it a 4x looser
+    # tolerance; 29 of the 200 fell below 20), at least 32 with rotated_out and 50 for every other mode
+    # over 60 seeds
+    assert moved > 10 * tol, f"seed {seed}: {mode}: the tail moved the output by only {moved:.2e}"
     out, _, dense = sinks_and_tail(mode, 1e-6, rotated_out)
     err = max_rel(out, dense)
     assert err < tol, f"seed {seed}: {mode}: tau below every weight, max rel error {err:.2e} against dense"
