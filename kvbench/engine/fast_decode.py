@@ -75,30 +75,25 @@ class FastDecoder:
         # attention's cache ahead of it (`kernels.prefetch`; off by default)
         self.prefetch = [self._prefetch_args(c) for c in caches]
         # layer -> V's signs, where the step folds a turbo V's inverse rotation into W_o (`engine.fold`)
-        self.wo_fold = self._fold_signs()
+        self.wo_fold = self._signs_where("v_signs", "fold_v")
         # layer -> (the workspace's rotated-query buffer, K's signs), where RoPE's kernel rotates the query
         # for a turbo K (`q_rot_in_rope`) and the attention launches no rotation of its own
-        self.q_rot = self._q_rot_args()
+        self.q_rot = {
+            i: (self.workspaces[caches[i].kernel_mode].q_rot, *signs)
+            for i, signs in self._signs_where("k_signs", "q_rot_in_rope").items()
+        }
         self.steps = 0
 
-    def _fold_signs(self) -> dict:
+    def _signs_where(self, signs_key: str, knob: str) -> dict:
+        """layer -> its cache's rotation signs `signs_key` ("k_signs" / "v_signs"), for the layers whose
+        cache has them and whose mode's launch config turns `knob` on at this batch."""
         from kvbench.kernels.decode_attention import default_config
 
         out = {}
         for i, c in enumerate(self.caches):
-            signs = c.kernel_args().get("v_signs")
-            if signs is not None and default_config(c.kernel_mode, batch=self.batch)["fold_v"]:
+            signs = c.kernel_args().get(signs_key)
+            if signs is not None and default_config(c.kernel_mode, batch=self.batch)[knob]:
                 out[i] = signs
-        return out
-
-    def _q_rot_args(self) -> dict:
-        from kvbench.kernels.decode_attention import default_config
-
-        out = {}
-        for i, c in enumerate(self.caches):
-            signs = c.kernel_args().get("k_signs")
-            if signs is not None and default_config(c.kernel_mode, batch=self.batch)["q_rot_in_rope"]:
-                out[i] = (self.workspaces[c.kernel_mode].q_rot, *signs)
         return out
 
     def _prefetch_args(self, cache) -> tuple[dict, dict]:
@@ -141,6 +136,7 @@ class FastDecoder:
             qn = at.q_norm.weight if at.q_norm is not None else None
             kn = at.k_norm.weight if at.k_norm is not None else None
             eps = at.q_norm.eps if at.q_norm is not None else 1e-6
+            q_rot = self.q_rot.get(i)
             q, k, v = rope_qk(
                 qkv,
                 cos,
@@ -151,7 +147,7 @@ class FastDecoder:
                 q_norm=qn,
                 k_norm=kn,
                 eps=eps,
-                q_rot=self.q_rot.get(i),
+                q_rot=q_rot,
                 **rope_kw,
             )
             o = cache.fused_decode(
@@ -163,7 +159,7 @@ class FastDecoder:
                 self.workspaces[cache.kernel_mode],
                 at.scale,
                 rotated_out=i in self.wo_fold,
-                q_rotated=self.q_rot[i][0] if i in self.q_rot else None,
+                q_rotated=q_rot[0] if q_rot else None,
             )  # with `rotated_out`, W_o holds V's inverse rotation (`engine.fold`)
             x = linear(o.reshape(b, 1, a.n_heads * a.head_dim), at.wo.weight)
             h, residual = rmsnorm(x, layer.ffn_norm.weight, layer.ffn_norm.eps, residual=residual)
