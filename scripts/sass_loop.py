@@ -62,19 +62,22 @@ def compile_split(
     rotated_out: bool = False,
     sparse_v: float = 0.0,
     maxnreg: int | None = None,
+    lut_regs: bool | None = None,
 ):
     """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned
     (`unrotate`: a turbo V's sums inverse-rotated in the kernel, as `merge_cols` launches it;
     `rotated_out`: delegated's hot sums rotated into V's basis, as `rotated_out` launches it)."""
     kf, vf = FORMATS[mode]
     cfg = default_config(mode)
+    uses_prmt = kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8"
     fn = _decode_split_kernel
     pointers = {"Q": "*bf16", "K": ELEMENT[kf], "V": ELEMENT[vf], "VH": "*bf16", "LEN": "*i32", "COLD": "*i32"}
     pointers["STAMPS"] = "*i64"
     consts = {
         "G": group, "D": dim, "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
         "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf == "int8",
-        "PRECISION": "tf32", "PRMT": kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8",
+        "PRECISION": "tf32",
+        "PRMT": (1 + bool(cfg["lut_regs"] if lut_regs is None else lut_regs)) * uses_prmt,
         **int8_dot_flags(int8_dot or cfg["int8_dot"]), "PDL": pdl, "STAMP": False,
         "RESCALE_TAU": float(cfg["rescale_tau"] if rescale_tau is None else rescale_tau),
         "DEFER_SUMS": bool(cfg["defer_sums"] if defer_sums is None else defer_sums),
@@ -221,6 +224,9 @@ def main():
     )
     ap.add_argument("--sparse-v", type=float, default=0.0, help="sparse V's tau (`sparse_v`; 0: off)")
     ap.add_argument("--maxnreg", type=int, help="cap the split kernel's registers per thread (`maxnreg`; spills)")
+    ap.add_argument(
+        "--lut-regs", type=int, choices=(0, 1), help="the prmt table words per-thread (`lut_regs`; default: the config's)"
+    )
     args = ap.parse_args()
     top_n = int(os.environ.get("SASS_TOP", 16))
     for mode in args.modes.split(","):
@@ -257,6 +263,7 @@ def main():
             rotated_out=args.rotated_out,
             sparse_v=args.sparse_v,
             maxnreg=args.maxnreg,
+            lut_regs=None if args.lut_regs is None else bool(args.lut_regs),
         )
         sass = sass_of(kernel)
         every = instructions(sass)

@@ -21,6 +21,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1" if os.environ.get("KVBENCH_TEST_DEVICE", "cpu") == "cpu" else "0")
 
 import functools
+import json
 import math
 
 import pytest
@@ -204,6 +205,25 @@ def test_decode_merge_columns(mode, case, seed):
 
 
 ROTATED_V = [m for m in ref.MODES if ref.FORMATS[m][1].startswith(("turbo", "delegated"))]
+CODED = [m for m in ref.MODES if ref.FORMATS[m][0] == "turbo4" or ref.FORMATS[m][1].startswith(("turbo", "delegated"))]
+
+
+@pytest.mark.skipif(not GPU, reason="the prmt lookup is inline PTX: compiled kernels only")
+@pytest.mark.parametrize("case", [c for c in DECODE_CASES if c[3] >= 32], ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}".format(*c))
+@pytest.mark.parametrize("mode", CODED)
+def test_prmt_lookup_matches_gather(mode, case, seed, monkeypatch):
+    """The byte-permute lookup, with its table words in uniform registers or made per-thread
+    (`lut_regs`), gives the gather path's output bit for bit: the same centroids reach the same dots."""
+    b, hkv, group, dim, length, cap, dtype, splits = case
+    outs = {}
+    for name, lut, regs in (("gather", "gather", True), ("prmt", "prmt", False), ("prmt+regs", "prmt", True)):
+        monkeypatch.setenv("KVBENCH_ATTN_CONFIG", json.dumps({mode: {"lut_regs": regs}}))
+        torch.manual_seed(seed)
+        outs[name], _ = run_decode(mode, b, hkv, group, dim, length, cap, dtype, splits, lut=lut)
+        assert not outs[name].isnan().any(), f"seed {seed}: {name}: unwritten or poisoned output"
+    for name in ("prmt", "prmt+regs"):
+        diff = (outs[name].float() - outs["gather"].float()).abs().max().item()
+        assert torch.equal(outs[name], outs["gather"]), f"seed {seed}: {name} differs from gather by up to {diff:.3e}"
 
 
 @pytest.mark.parametrize("cols", [0, 32])

@@ -128,9 +128,10 @@ def _centroids(packed, CB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.cons
     PRMT path (compiled kernels only): CB holds the codebook's low and high bytes in 8
     int32 words (`prmt_table`), which sit in registers; byte permutes pick each code's
     two bytes, about 3 instructions per code instead of an address and a load.
+    PRMT == 2 (`lut_regs`): the words are made per-thread values first (`_per_thread`).
     """
     if PRMT:
-        c = _centroids_prmt(packed, CB, BITS, D, BLOCK_N)
+        c = _centroids_prmt(packed, CB, BITS, D, BLOCK_N, PRMT == 2)
     else:
         CPG: tl.constexpr = 2 if BITS == 4 else 8
         idx = (packed.to(tl.int32)[:, :, None] >> (tl.arange(0, CPG) * BITS)[None, None, :]) & ((1 << BITS) - 1)
@@ -174,8 +175,20 @@ _PRMT_ASM4 = tl.constexpr(_prmt_asm(4))
 _PRMT_ASM3 = tl.constexpr(_prmt_asm(3))
 
 
+# adds (%tid.x >> 30), always 0 (a block has at most 1024 threads), which ptxas cannot prove
+_PER_THREAD_ASM = tl.constexpr("{\n.reg .b32 t;\nmov.u32 t, %tid.x;\nshr.u32 t, t, 30;\nadd.u32 $0, $1, t;\n}")
+
+
 @triton.jit
-def _centroids_prmt(words, TAB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+def _per_thread(x):
+    """x, unchanged, as a value ptxas must keep per thread. A word loaded once for the whole
+    program lives in a uniform register; a byte permute cannot read its data words from one, so
+    ptxas copies the word into a vector register at every use."""
+    return tl.inline_asm_elementwise(_PER_THREAD_ASM, "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _centroids_prmt(words, TAB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, REGS: tl.constexpr = False):
     """[BLOCK_N, D/8] int32 words of 8 codes (code i at bits BITS*i) -> [BLOCK_N, D] fp16.
 
     TAB: [L0..L3, H0..H3], byte j of Lk / Hk = low / high byte of centroid 4k + j.
@@ -185,7 +198,11 @@ def _centroids_prmt(words, TAB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl
     codes are spread to nibbles (bfi) and one prmt per byte plane does. A last prmt pair
     interleaves low and high bytes into fp16 pairs. Output $m holds code [0,4,2,6,1,5,3,7][m],
     the order the joins below put back in place. Checked bit for bit against the gather
-    path by the kernel tests on a GPU.
+    path on a GPU (`test_prmt_lookup_matches_gather`).
+
+    REGS: the table words pass through `_per_thread`, so that ptxas keeps them in vector
+    registers instead of copying each one out of a uniform register at every permute (sm_90,
+    triton 3.6: turbo4's loop at 64-token blocks and 2 warps, 1899 -> 1665 instructions).
     """
     t0 = tl.load(TAB + 0)
     t1 = tl.load(TAB + 1)
@@ -195,6 +212,9 @@ def _centroids_prmt(words, TAB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl
     t5 = tl.load(TAB + 5)
     t6 = tl.load(TAB + 6)
     t7 = tl.load(TAB + 7)
+    if REGS:
+        t0, t1, t2, t3 = _per_thread(t0), _per_thread(t1), _per_thread(t2), _per_thread(t3)
+        t4, t5, t6, t7 = _per_thread(t4), _per_thread(t5), _per_thread(t6), _per_thread(t7)
     o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
         _PRMT_ASM4 if BITS == 4 else _PRMT_ASM3,
         "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r,r,r,r,r", [words, t0, t1, t2, t3, t4, t5, t6, t7],
@@ -867,6 +887,12 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # turbo4 went from 0.9840 / 0.9837 of fp16 to 0.9859 / 0.9863 at 8K, batch 1, from 0.9811 / 0.9812 to
     # 0.9823 / 0.9823 at 32K, and from 0.9716 to 0.9723 at 32K, batch 16: ~0.3 us a layer, not the 1-2% predicted.
     cfg["q_rot_in_rope"] = FORMATS[mode][0] == "turbo4"
+    # `lut_regs`: the prmt lookup's 8 table words made per-thread values (`_per_thread`). Loaded once
+    # per program they sit in uniform registers, and a byte permute takes its data words from vector
+    # registers only, so ptxas may copy them at every use. Ahead of time (sm_90, triton 3.6) that took
+    # turbo4's loop (64-token blocks, 2 warps) from 1899 to 1665 instructions (IMAD 732 -> 498); the
+    # other turbo loops compile to the same code either way (their tables were already in registers).
+    cfg["lut_regs"] = True
     # `merge_cols`: columns of D per reduction program (None: whole rows, one program per query head).
     # Fewer columns put more programs, each one warp merging every split in one pass with no barrier;
     # a turbo V's inverse rotation (which needs whole rows) then moves into the split programs. On the
@@ -1243,7 +1269,8 @@ def decode_attention(
         q_score, k, ks, v, vs, vh, cbk, cbv, length, cold, workspace.m, workspace.l, workspace.acc, stamps_split,
         s1v, s2v, q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
-        K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision, PRMT=prmt,
+        K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision,
+        PRMT=(2 if cfg["lut_regs"] else 1) if prmt else 0,
         **dots, RESCALE_TAU=float(cfg["rescale_tau"] if rescale_tau is None else rescale_tau),
         DEFER_SUMS=bool(cfg["defer_sums"] if defer_sums is None else defer_sums),
         num_warps=num_warps, num_stages=num_stages, STAMP=stamp, UNROTATE=unrotate, ROTATE_HOT=rotate_hot,
