@@ -1,14 +1,19 @@
 """Fused decode kernels (kvbench.kernels.fused_ops) against their PyTorch references.
 
 Runs the Triton kernels under the interpreter on CPU (fp16 and fp32: the
-interpreter's bf16 is wrong). Each test draws a fresh seed (printed on failure;
-set KVBENCH_TEST_SEED to replay one). Outputs are poisoned with NaN first so an
-element the kernel never writes fails the comparison.
+interpreter's bf16 is wrong). On a GPU machine, `KVBENCH_TEST_DEVICE=cuda
+TRITON_INTERPRET=0 pytest tests/test_fused_ops.py` runs the same tests on
+compiled kernels and CUDA tensors, bf16 included (the two CPU-path tests skip).
+Each test draws a fresh seed (printed on failure; set KVBENCH_TEST_SEED to replay
+one). Outputs are poisoned with NaN first so an element the kernel never writes
+fails the comparison.
 """
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+DEVICE = os.environ.get("KVBENCH_TEST_DEVICE", "cpu")
+GPU = DEVICE != "cpu"
+os.environ.setdefault("TRITON_INTERPRET", "0" if GPU else "1")
 
 import pytest
 import torch
@@ -17,11 +22,14 @@ from kvbench.engine.rope import rope_cos_sin
 from kvbench.kernels import fused_ops as fo
 from kvbench.kernels import fused_ops_reference as ref
 
-DTYPES = [torch.float16, torch.float32]
+if GPU:
+    torch.set_default_device(DEVICE)
+DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if GPU else [])
 # The kernels round where eager PyTorch rounds, so fp16 agrees to the last bit
 # except where an fp32 reduction order or rsqrt flips a rounding: one ulp, rarely.
 TOL = {torch.float16: dict(atol=1e-3, rtol=2e-3), torch.float32: dict(atol=1e-5, rtol=1e-5)}
-MAX_MISMATCH = {torch.float16: 0.01, torch.float32: 1.0}
+TOL[torch.bfloat16] = dict(atol=1e-2, rtol=1.6e-2)
+MAX_MISMATCH = {torch.float16: 0.01, torch.float32: 1.0, torch.bfloat16: 0.02}
 
 
 def _gen() -> tuple[torch.Generator, int]:
@@ -30,7 +38,11 @@ def _gen() -> tuple[torch.Generator, int]:
 
 
 def _randn(g, *shape, dtype, scale=1.0):
-    return (torch.randn(*shape, generator=g) * scale).to(dtype)
+    return (torch.randn(*shape, generator=g, device="cpu") * scale).to(DEVICE, dtype)
+
+
+def _randint(g, hi):
+    return int(torch.randint(0, hi, (1,), generator=g, device="cpu"))
 
 
 def _nan(*shape, dtype):
@@ -129,7 +141,7 @@ def _rope_inputs(g, b, t, hq, hk, d, dtype, pos0=5):
 )
 def test_rope_qk(dtype, b, t, hq, hk, d, qk_norm):
     g, seed = _gen()
-    qkv, cos, sin = _rope_inputs(g, b, t, hq, hk, d, dtype, pos0=int(torch.randint(0, 4000, (1,), generator=g)))
+    qkv, cos, sin = _rope_inputs(g, b, t, hq, hk, d, dtype, pos0=_randint(g, 4000))
     qn = kn = None
     if qk_norm:
         qn = _randn(g, d, dtype=dtype, scale=0.3) + 1
@@ -158,8 +170,8 @@ def test_rope_qk_rotates_the_query(dtype, b, hq, hk, d):
     from kvbench.kernels.reference import rotate as rotate_reference
 
     g, seed = _gen()
-    qkv, cos, sin = _rope_inputs(g, b, 1, hq, hk, d, dtype, pos0=int(torch.randint(0, 4000, (1,), generator=g)))
-    s1, s2 = random_signs(d, seed % 1000), random_signs(d, seed % 1000 + 1)
+    qkv, cos, sin = _rope_inputs(g, b, 1, hq, hk, d, dtype, pos0=_randint(g, 4000))
+    s1, s2 = random_signs(d, seed % 1000, DEVICE), random_signs(d, seed % 1000 + 1, DEVICE)
     qr = _nan(b, hq, d, dtype=torch.float32)
     q, k, v = fo.rope_qk(qkv, cos, sin, hq, hk, d, q_rot=(qr, s1, s2))
     exp = ref.rope_qk_reference(qkv, cos, sin, hq, hk, d)
@@ -182,6 +194,8 @@ def test_rope_qk_rotation_checked(monkeypatch):
                    q_rot=(torch.zeros(1, 2, 24), torch.ones(24), torch.ones(24)))  # fmt: skip
     with pytest.raises(ValueError, match="q_rot"):
         fo.rope_qk(qkv[:, :1], cos[:1], sin[:1], 2, 1, 16, q_rot=(torch.zeros(1, 2, 16, dtype=torch.float16), s, s))
+    if GPU:  # the rest is the CPU path's
+        return
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the PyTorch fallback rotates too
     x = torch.randn(1, 1, 4 * 16)
     qr = torch.full((1, 2, 16), float("nan"))
@@ -258,6 +272,7 @@ def test_silu_mul_strided_and_extremes():
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.skipif(GPU, reason="the CPU path")
 def test_cpu_fallback_without_interpreter(monkeypatch):
     """Off CUDA and without the interpreter the launchers take the reference."""
     g, _ = _gen()
