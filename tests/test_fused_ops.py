@@ -11,9 +11,7 @@ fails the comparison.
 
 import os
 
-DEVICE = os.environ.get("KVBENCH_TEST_DEVICE", "cpu")
-GPU = DEVICE != "cpu"
-os.environ.setdefault("TRITON_INTERPRET", "0" if GPU else "1")
+os.environ.setdefault("TRITON_INTERPRET", "1" if os.environ.get("KVBENCH_TEST_DEVICE", "cpu") == "cpu" else "0")
 
 import pytest
 import torch
@@ -22,6 +20,8 @@ from kvbench.engine.rope import rope_cos_sin
 from kvbench.kernels import fused_ops as fo
 from kvbench.kernels import fused_ops_reference as ref
 
+DEVICE = os.environ.get("KVBENCH_TEST_DEVICE", "cpu")
+GPU = DEVICE != "cpu"
 if GPU:
     torch.set_default_device(DEVICE)
 DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if GPU else [])
