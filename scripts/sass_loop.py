@@ -225,7 +225,10 @@ def main():
     ap.add_argument("--sparse-v", type=float, default=0.0, help="sparse V's tau (`sparse_v`; 0: off)")
     ap.add_argument("--maxnreg", type=int, help="cap the split kernel's registers per thread (`maxnreg`; spills)")
     ap.add_argument(
-        "--lut-regs", type=int, choices=(0, 1), help="the prmt table words per-thread (`lut_regs`; default: the config's)"
+        "--lut-regs",
+        type=int,
+        choices=(0, 1),
+        help="the prmt table words per-thread (`lut_regs`; default: the config's)",
     )
     args = ap.parse_args()
     top_n = int(os.environ.get("SASS_TOP", 16))

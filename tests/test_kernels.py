@@ -209,7 +209,9 @@ CODED = [m for m in ref.MODES if ref.FORMATS[m][0] == "turbo4" or ref.FORMATS[m]
 
 
 @pytest.mark.skipif(not GPU, reason="the prmt lookup is inline PTX: compiled kernels only")
-@pytest.mark.parametrize("case", [c for c in DECODE_CASES if c[3] >= 32], ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}".format(*c))
+@pytest.mark.parametrize(
+    "case", [c for c in DECODE_CASES if c[3] >= 32], ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}".format(*c)
+)
 @pytest.mark.parametrize("mode", CODED)
 def test_prmt_lookup_matches_gather(mode, case, seed, monkeypatch):
     """The byte-permute lookup, with its table words in uniform registers or made per-thread
