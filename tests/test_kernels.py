@@ -214,18 +214,23 @@ CODED = [m for m in ref.MODES if ref.FORMATS[m][0] == "turbo4" or ref.FORMATS[m]
 )
 @pytest.mark.parametrize("mode", CODED)
 def test_prmt_lookup_matches_gather(mode, case, seed, monkeypatch):
-    """The byte-permute lookup, with its table words in uniform registers or made per-thread
-    (`lut_regs`), gives the gather path's output bit for bit: the same centroids reach the same dots."""
+    """The byte-permute lookup with its table words made per-thread (`lut_regs`) gives the lookup
+    with them in uniform registers bit for bit (the same centroids reach the same dots), and both
+    agree with the gather path as the kernels agree with the reference (their dots may order the
+    sums differently: up to ~1e-3 apart on the H200)."""
     b, hkv, group, dim, length, cap, dtype, splits = case
     outs = {}
     for name, lut, regs in (("gather", "gather", True), ("prmt", "prmt", False), ("prmt+regs", "prmt", True)):
         monkeypatch.setenv("KVBENCH_ATTN_CONFIG", json.dumps({mode: {"lut_regs": regs}}))
         torch.manual_seed(seed)
-        outs[name], _ = run_decode(mode, b, hkv, group, dim, length, cap, dtype, splits, lut=lut)
+        outs[name], expected = run_decode(mode, b, hkv, group, dim, length, cap, dtype, splits, lut=lut)
         assert not outs[name].isnan().any(), f"seed {seed}: {name}: unwritten or poisoned output"
-    for name in ("prmt", "prmt+regs"):
-        diff = (outs[name].float() - outs["gather"].float()).abs().max().item()
-        assert torch.equal(outs[name], outs["gather"]), f"seed {seed}: {name} differs from gather by up to {diff:.3e}"
+        err = max_rel(outs[name], expected)
+        assert err < tolerance(mode, dtype), f"seed {seed}: {name}: max rel error {err:.2e}"
+    diff = (outs["prmt+regs"].float() - outs["prmt"].float()).abs().max().item()
+    assert torch.equal(outs["prmt+regs"], outs["prmt"]), f"seed {seed}: lut_regs changed the output by up to {diff:.3e}"
+    err = max_rel(outs["prmt"], outs["gather"])
+    assert err < tolerance(mode, dtype), f"seed {seed}: prmt vs gather: max rel error {err:.2e}"
 
 
 @pytest.mark.parametrize("cols", [0, 32])

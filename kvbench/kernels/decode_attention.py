@@ -197,8 +197,9 @@ def _centroids_prmt(words, TAB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl
     sign-replicating prmt, chooses between them (lop3 0xD8 = m ? b : a). 3 bits: the
     codes are spread to nibbles (bfi) and one prmt per byte plane does. A last prmt pair
     interleaves low and high bytes into fp16 pairs. Output $m holds code [0,4,2,6,1,5,3,7][m],
-    the order the joins below put back in place. Checked bit for bit against the gather
-    path on a GPU (`test_prmt_lookup_matches_gather`).
+    the order the joins below put back in place. Checked against the gather path on a GPU
+    within the kernels' tolerance (`test_prmt_lookup_matches_gather`: not bit for bit, the dots
+    may sum in another order).
 
     REGS: the table words pass through `_per_thread`, so that ptxas keeps them in vector
     registers instead of copying each one out of a uniform register at every permute (sm_90,
