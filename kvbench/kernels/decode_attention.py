@@ -893,6 +893,9 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # registers only, so ptxas may copy them at every use. Ahead of time (sm_90, triton 3.6) that took
     # turbo4's loop (64-token blocks, 2 warps) from 1899 to 1665 instructions (IMAD 732 -> 498); the
     # other turbo loops compile to the same code either way (their tables were already in registers).
+    # On the H200, alternating on one lease (results/2026-12-03b-h200/experiments/lut-regs), turbo4 went
+    # from 0.9512 / 0.9512 of fp16 to 0.9569 / 0.9568 at 32K, batch 16, and from 0.9841 / 0.9841 / 0.9836
+    # to 0.9854 / 0.9868 / 0.9861 at 8K, batch 1; 32K, batch 1 did not move (0.981). The same bits either way.
     cfg["lut_regs"] = True
     # `merge_cols`: columns of D per reduction program (None: whole rows, one program per query head).
     # Fewer columns put more programs, each one warp merging every split in one pass with no barrier;
