@@ -39,6 +39,7 @@ from kvbench.kernels.decode_attention import (
     default_config,
     int8_dot_flags,
     merge_block,
+    prmt_flag,
 )
 from kvbench.kernels.quantize import FORMAT_IDS, wht_params
 from kvbench.kernels.reference import FORMATS
@@ -69,6 +70,8 @@ def compile_split(
     `rotated_out`: delegated's hot sums rotated into V's basis, as `rotated_out` launches it)."""
     kf, vf = FORMATS[mode]
     cfg = default_config(mode)
+    if lut_regs is not None:
+        cfg["lut_regs"] = lut_regs
     uses_prmt = kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8"
     fn = _decode_split_kernel
     pointers = {"Q": "*bf16", "K": ELEMENT[kf], "V": ELEMENT[vf], "VH": "*bf16", "LEN": "*i32", "COLD": "*i32"}
@@ -77,7 +80,7 @@ def compile_split(
         "G": group, "D": dim, "BLOCK_G": max(16, triton.next_power_of_2(group)), "BLOCK_N": block_n,
         "K_FMT": FORMAT_IDS[kf], "V_FMT": FORMAT_IDS[vf], "V_TOKEN_MAJOR": vf == "int8",
         "PRECISION": "tf32",
-        "PRMT": (1 + bool(cfg["lut_regs"] if lut_regs is None else lut_regs)) * uses_prmt,
+        "PRMT": prmt_flag(cfg, uses_prmt),
         **int8_dot_flags(int8_dot or cfg["int8_dot"]), "PDL": pdl, "STAMP": False,
         "RESCALE_TAU": float(cfg["rescale_tau"] if rescale_tau is None else rescale_tau),
         "DEFER_SUMS": bool(cfg["defer_sums"] if defer_sums is None else defer_sums),

@@ -1119,6 +1119,12 @@ def prmt_table(codebook: torch.Tensor) -> torch.Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
+def prmt_flag(cfg: dict, prmt: bool) -> int:
+    """The split kernel's PRMT constexpr: 0 the gather lookup, 1 the byte permutes with the table as
+    loaded, 2 with its words made per-thread (`lut_regs`)."""
+    return (2 if cfg["lut_regs"] else 1) if prmt else 0
+
+
 def lut_path(device: torch.device, lut: str | None = None) -> str:
     """How turbo kernels turn codes into centroids: "prmt" (byte permutes in registers,
     compiled kernels only: the Triton interpreter runs no inline PTX) or "gather"."""
@@ -1274,7 +1280,7 @@ def decode_attention(
         s1v, s2v, q_score.stride(0), q_score.stride(1), hkv, cap, vh.shape[2], v_stride or 0, qk_scale,
         G=group, D=dim, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
         K_FMT=FORMAT_IDS[kf], V_FMT=FORMAT_IDS[vf], V_TOKEN_MAJOR=v_stride is not None, PRECISION=precision,
-        PRMT=(2 if cfg["lut_regs"] else 1) if prmt else 0,
+        PRMT=prmt_flag(cfg, prmt),
         **dots, RESCALE_TAU=float(cfg["rescale_tau"] if rescale_tau is None else rescale_tau),
         DEFER_SUMS=bool(cfg["defer_sums"] if defer_sums is None else defer_sums),
         num_warps=num_warps, num_stages=num_stages, STAMP=stamp, UNROTATE=unrotate, ROTATE_HOT=rotate_hot,
