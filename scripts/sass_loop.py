@@ -64,6 +64,7 @@ def compile_split(
     sparse_v: float = 0.0,
     maxnreg: int | None = None,
     lut_regs: bool | None = None,
+    dot_fence: bool | None = None,
 ):
     """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned
     (`unrotate`: a turbo V's sums inverse-rotated in the kernel, as `merge_cols` launches it;
@@ -72,6 +73,8 @@ def compile_split(
     cfg = default_config(mode)
     if lut_regs is not None:
         cfg["lut_regs"] = lut_regs
+    if dot_fence is not None:
+        cfg["dot_fence"] = dot_fence
     uses_prmt = kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8"
     fn = _decode_split_kernel
     pointers = {"Q": "*bf16", "K": ELEMENT[kf], "V": ELEMENT[vf], "VH": "*bf16", "LEN": "*i32", "COLD": "*i32"}
@@ -233,6 +236,12 @@ def main():
         choices=(0, 1),
         help="the prmt table words per-thread (`lut_regs`; default: the config's)",
     )
+    ap.add_argument(
+        "--dot-fence",
+        type=int,
+        choices=(0, 1),
+        help="the centroid tiles through `_dot_fence` before their dots (`dot_fence`; default: the config's)",
+    )
     args = ap.parse_args()
     top_n = int(os.environ.get("SASS_TOP", 16))
     for mode in args.modes.split(","):
@@ -270,6 +279,7 @@ def main():
             sparse_v=args.sparse_v,
             maxnreg=args.maxnreg,
             lut_regs=None if args.lut_regs is None else bool(args.lut_regs),
+            dot_fence=None if args.dot_fence is None else bool(args.dot_fence),
         )
         sass = sass_of(kernel)
         every = instructions(sass)

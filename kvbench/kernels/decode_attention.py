@@ -128,10 +128,13 @@ def _centroids(packed, CB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.cons
     PRMT path (compiled kernels only): CB holds the codebook's low and high bytes in 8
     int32 words (`prmt_table`), which sit in registers; byte permutes pick each code's
     two bytes, about 3 instructions per code instead of an address and a load.
-    PRMT == 2 (`lut_regs`): the words are made per-thread values first (`_per_thread`).
+    PRMT % 4 == 2 (`lut_regs`): the words are made per-thread values first (`_per_thread`).
+    PRMT >= 4 (`dot_fence`): the tile leaves through `_dot_fence`.
     """
     if PRMT:
-        c = _centroids_prmt(packed, CB, BITS, D, BLOCK_N, PRMT == 2)
+        c = _centroids_prmt(packed, CB, BITS, D, BLOCK_N, PRMT % 4 == 2)
+        if PRMT >= 4:
+            c = _dot_fence(c)
     else:
         CPG: tl.constexpr = 2 if BITS == 4 else 8
         idx = (packed.to(tl.int32)[:, :, None] >> (tl.arange(0, CPG) * BITS)[None, None, :]) & ((1 << BITS) - 1)
@@ -185,6 +188,24 @@ def _per_thread(x):
     program lives in a uniform register; a byte permute cannot read its data words from one, so
     ptxas copies the word into a vector register at every use."""
     return tl.inline_asm_elementwise(_PER_THREAD_ASM, "=r,r", [x], dtype=tl.int32, is_pure=True, pack=1)
+
+
+# a 16-bit copy; declared with side effects, so that compiler passes cannot see through it
+_FENCE_ASM = tl.constexpr("mov.b16 $0, $1;")
+
+
+@triton.jit
+def _dot_fence(x):
+    """x (fp16), unchanged, as a value whose origin triton's passes cannot trace.
+
+    For a dot on mma.sync (sm_80/90), triton 3.6 picks the operands' register layout (kWidth) from
+    the narrowest type it finds walking back from them through elementwise ops, views and loads,
+    and halves that bit width if the walk meets a `tl.join`. The lookup's tile is assembled by
+    joins, so a 16-bit operand counted as 8 bits: kWidth 4 for both operands of the dot, where fp16's
+    own dots get 2. With kWidth 4 the weights P cannot pass from the first dot's accumulators to the
+    second dot's operand in registers; they went through shared memory and ~100 moves a block.
+    An inline-asm copy with side effects stops the walk (ptxas then drops the copy)."""
+    return tl.inline_asm_elementwise(_FENCE_ASM, "=h,h", [x], dtype=tl.float16, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -897,6 +918,17 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # from 0.9512 / 0.9512 of fp16 to 0.9569 / 0.9568 at 32K, batch 16, and from 0.9841 / 0.9841 / 0.9836
     # to 0.9854 / 0.9868 / 0.9861 at 8K, batch 1; 32K, batch 1 did not move (0.981). The same bits either way.
     cfg["lut_regs"] = True
+    # `dot_fence`: the centroid tiles pass an opaque copy (`_dot_fence`) before their dots, so that
+    # triton gives those dots fp16's operand layout (kWidth 2) and not the one it takes for 8-bit
+    # loads (4): the lookup's joins halve the bit width it infers. Ahead of time (sm_90, triton 3.6)
+    # turbo4-asym's loop went from 1180 to 1084 instructions (IMAD 265 -> 140), turbo3-asym's from
+    # 1463 to 1326, delegated's cold loop from 1137 to 1040, turbo4's from 1665 to 1511.
+    # On the H200 (results/2026-12-03c-h200/experiments/dot-fence, alternating on one lease) it pays
+    # where the loop is long: turbo4 and delegated everywhere, turbo3-asym at batch 16 (at 8K,
+    # batch 1 it lost 0.5 points); turbo4-asym only at batch 1, where 8K gained 0.5 points
+    # (32K lost 0.5 and batch 16 4: 254 registers leave 2 of its programs an SM, not 3).
+    fence_at = {"turbo4": True, "turbo4-delegated": True, "turbo3-asym": batch != 1, "turbo4-asym": batch == 1}
+    cfg["dot_fence"] = fence_at.get(mode, False)
     # `merge_cols`: columns of D per reduction program (None: whole rows, one program per query head).
     # Fewer columns put more programs, each one warp merging every split in one pass with no barrier;
     # a turbo V's inverse rotation (which needs whole rows) then moves into the split programs. On the
@@ -1121,8 +1153,11 @@ def prmt_table(codebook: torch.Tensor) -> torch.Tensor:
 
 def prmt_flag(cfg: dict, prmt: bool) -> int:
     """The split kernel's PRMT constexpr: 0 the gather lookup, 1 the byte permutes with the table as
-    loaded, 2 with its words made per-thread (`lut_regs`)."""
-    return (2 if cfg["lut_regs"] else 1) if prmt else 0
+    loaded, 2 with its words made per-thread (`lut_regs`); plus 4 where the centroid tiles pass
+    `_dot_fence` before their dots (`dot_fence`)."""
+    if not prmt:
+        return 0
+    return (2 if cfg["lut_regs"] else 1) + (4 if cfg.get("dot_fence") else 0)
 
 
 def lut_path(device: torch.device, lut: str | None = None) -> str:
