@@ -38,6 +38,7 @@ from kvbench.kernels.decode_attention import (
     lut_path,
     merge_block,
     merge_columns,
+    prmt_flag,
     prmt_table,
     record_stamps,
 )
@@ -269,6 +270,26 @@ def test_merge_columns_checked():
     assert merge_columns(default_config("turbo4-asym", batch=1), 128) == 32
     assert merge_columns(default_config("turbo4-asym", batch=16), 128) == 0
     assert [default_config("turbo4-asym", batch=b)["fold_v"] for b in (1, 16)] == [True, False]
+
+
+def test_dot_fence_defaults(monkeypatch):
+    """`dot_fence` rides on the split kernel's PRMT constexpr (+4) and is chosen per mode and batch
+    for the triton it was measured on (3.6); from 3.8 on the dots get kWidth 2 without it."""
+    import kvbench.kernels.decode_attention as da
+
+    assert [prmt_flag({"lut_regs": r, "dot_fence": f}, True) for r in (False, True) for f in (False, True)] == [
+        1,
+        5,
+        2,
+        6,
+    ]
+    assert prmt_flag({"lut_regs": True, "dot_fence": True}, False) == 0  # the gather path has no joins to fence
+    monkeypatch.setattr(da, "_TRITON", (3, 6))
+    on = {(m, b) for m in ref.MODES for b in (1, 16) if default_config(m, batch=b)["dot_fence"]}
+    expected = {("turbo4", 1), ("turbo4", 16), ("turbo4-delegated", 1), ("turbo4-delegated", 16)}
+    assert on == expected | {("turbo3-asym", 16), ("turbo4-asym", 1)}
+    monkeypatch.setattr(da, "_TRITON", (3, 8))
+    assert not any(default_config(m, batch=b)["dot_fence"] for m in ref.MODES for b in (1, 16))
 
 
 def test_merge_columns_follow_fold_v(monkeypatch):

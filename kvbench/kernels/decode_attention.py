@@ -75,6 +75,8 @@ from kvbench.kernels.reference import FORMATS
 LOG2E = 1.4426950408889634
 # whether triton.jit made the kernels below interpreted (it reads TRITON_INTERPRET when they are defined)
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# triton's (major, minor): some launch defaults were tuned against one compiler's code generation
+_TRITON = tuple(int(x) for x in triton.__version__.split(".")[:2])
 
 
 @triton.jit
@@ -923,12 +925,16 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # loads (4): the lookup's joins halve the bit width it infers. Ahead of time (sm_90, triton 3.6)
     # turbo4-asym's loop went from 1180 to 1084 instructions (IMAD 265 -> 140), turbo3-asym's from
     # 1463 to 1326, delegated's cold loop from 1137 to 1040, turbo4's from 1665 to 1511.
-    # On the H200 (results/2026-12-03c-h200/experiments/dot-fence, alternating on one lease) it pays
-    # where the loop is long: turbo4 and delegated everywhere, turbo3-asym at batch 16 (at 8K,
-    # batch 1 it lost 0.5 points); turbo4-asym only at batch 1, where 8K gained 0.5 points
-    # (32K lost 0.5 and batch 16 4: 254 registers leave 2 of its programs an SM, not 3).
+    # On the H200 (results/2026-12-03c-h200/experiments/dot-fence, alternating on one lease), ratio to
+    # fp16: turbo4 0.979 -> 1.018 at 32K, batch 16 and 0.982 -> 0.995 at 32K, batch 1; delegated 1.065 ->
+    # 1.091 at 32K, batch 16 and 0.997 -> 0.998 at 8K, batch 1; turbo3-asym +0.7 points at 32K, batch 16
+    # but -0.5 at 8K, batch 1; turbo4-asym 0.995 -> 0.9995 at 8K, batch 1, but -0.5 points at 32K, batch 1
+    # and -4 at batch 16 (254 registers against 164: 2 of its programs an SM, not 3). So: on for turbo4
+    # and delegated, turbo3-asym past batch 1, turbo4-asym at batch 1 (its missed target is 8K there).
+    # Triton 3.8 gives these dots kWidth 2 without it (turbo4-asym's loop, sm_90: 989 instructions, 1046
+    # with it), so it is off from 3.8 on; measured on the GPU machine's 3.6 only.
     fence_at = {"turbo4": True, "turbo4-delegated": True, "turbo3-asym": batch != 1, "turbo4-asym": batch == 1}
-    cfg["dot_fence"] = fence_at.get(mode, False)
+    cfg["dot_fence"] = fence_at.get(mode, False) and _TRITON < (3, 8)
     # `merge_cols`: columns of D per reduction program (None: whole rows, one program per query head).
     # Fewer columns put more programs, each one warp merging every split in one pass with no barrier;
     # a turbo V's inverse rotation (which needs whole rows) then moves into the split programs. On the
