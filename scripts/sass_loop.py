@@ -65,6 +65,7 @@ def compile_split(
     maxnreg: int | None = None,
     lut_regs: bool | None = None,
     dot_fence: bool | None = None,
+    hoist_lut: bool | None = None,
 ):
     """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned
     (`unrotate`: a turbo V's sums inverse-rotated in the kernel, as `merge_cols` launches it;
@@ -75,6 +76,8 @@ def compile_split(
         cfg["lut_regs"] = lut_regs
     if dot_fence is not None:
         cfg["dot_fence"] = dot_fence
+    if hoist_lut is not None:
+        cfg["hoist_lut"] = hoist_lut
     uses_prmt = kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8"
     fn = _decode_split_kernel
     pointers = {"Q": "*bf16", "K": ELEMENT[kf], "V": ELEMENT[vf], "VH": "*bf16", "LEN": "*i32", "COLD": "*i32"}
@@ -242,6 +245,12 @@ def main():
         choices=(0, 1),
         help="the centroid tiles through `_dot_fence` before their dots (`dot_fence`; default: the config's)",
     )
+    ap.add_argument(
+        "--hoist-lut",
+        type=int,
+        choices=(0, 1),
+        help="the prmt table's words loaded once before the loop (`hoist_lut`; default: the config's)",
+    )
     args = ap.parse_args()
     top_n = int(os.environ.get("SASS_TOP", 16))
     for mode in args.modes.split(","):
@@ -280,6 +289,7 @@ def main():
             maxnreg=args.maxnreg,
             lut_regs=None if args.lut_regs is None else bool(args.lut_regs),
             dot_fence=None if args.dot_fence is None else bool(args.dot_fence),
+            hoist_lut=None if args.hoist_lut is None else bool(args.hoist_lut),
         )
         sass = sass_of(kernel)
         every = instructions(sass)

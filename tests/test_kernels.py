@@ -219,12 +219,19 @@ def test_prmt_lookup_matches_gather(mode, case, seed, monkeypatch):
     with them in uniform registers bit for bit (the same centroids reach the same dots), and both
     agree with the gather path as the kernels agree with the reference (their dots may order the
     sums differently: up to ~1e-3 apart on the H200). So does the lookup whose tiles pass the
-    opaque copy before their dots (`dot_fence`: another operand layout, so another order of sums)."""
+    opaque copy before their dots (`dot_fence`: another operand layout, so another order of sums),
+    and the table's words loaded once before the loop (`hoist_lut`) change no bit of either."""
     b, hkv, group, dim, length, cap, dtype, splits = case
     outs = {}
-    variants = [("gather", "gather", True, False), ("prmt", "prmt", False, False), ("prmt+regs", "prmt", True, False)]
-    for name, lut, regs, fence in [*variants, ("prmt+fence", "prmt", True, True)]:
-        monkeypatch.setenv("KVBENCH_ATTN_CONFIG", json.dumps({mode: {"lut_regs": regs, "dot_fence": fence}}))
+    variants = [("gather", "gather", 1, 0, 0), ("prmt", "prmt", 0, 0, 0), ("prmt+regs", "prmt", 1, 0, 0)]
+    variants += [
+        ("prmt+fence", "prmt", 1, 1, 0),
+        ("prmt+hoist", "prmt", 1, 0, 1),
+        ("prmt+fence+hoist", "prmt", 1, 1, 1),
+    ]
+    for name, lut, regs, fence, hoist in variants:
+        knobs = {"lut_regs": bool(regs), "dot_fence": bool(fence), "hoist_lut": bool(hoist)}
+        monkeypatch.setenv("KVBENCH_ATTN_CONFIG", json.dumps({mode: knobs}))
         torch.manual_seed(seed)
         outs[name], expected = run_decode(mode, b, hkv, group, dim, length, cap, dtype, splits, lut=lut)
         assert not outs[name].isnan().any(), f"seed {seed}: {name}: unwritten or poisoned output"
@@ -232,6 +239,9 @@ def test_prmt_lookup_matches_gather(mode, case, seed, monkeypatch):
         assert err < tolerance(mode, dtype), f"seed {seed}: {name}: max rel error {err:.2e}"
     diff = (outs["prmt+regs"].float() - outs["prmt"].float()).abs().max().item()
     assert torch.equal(outs["prmt+regs"], outs["prmt"]), f"seed {seed}: lut_regs changed the output by up to {diff:.3e}"
+    for name, same in (("prmt+hoist", "prmt+regs"), ("prmt+fence+hoist", "prmt+fence")):
+        diff = (outs[name].float() - outs[same].float()).abs().max().item()
+        assert torch.equal(outs[name], outs[same]), f"seed {seed}: hoist_lut changed the output by up to {diff:.3e}"
     for name in ("prmt", "prmt+fence"):
         err = max_rel(outs[name], outs["gather"])
         assert err < tolerance(mode, dtype), f"seed {seed}: {name} vs gather: max rel error {err:.2e}"
@@ -277,12 +287,8 @@ def test_dot_fence_defaults(monkeypatch):
     for the triton it was measured on (3.6); from 3.8 on the dots get kWidth 2 without it."""
     import kvbench.kernels.decode_attention as da
 
-    assert [prmt_flag({"lut_regs": r, "dot_fence": f}, True) for r in (False, True) for f in (False, True)] == [
-        1,
-        5,
-        2,
-        6,
-    ]
+    flags = [{"lut_regs": r, "dot_fence": f, "hoist_lut": h} for h in (0, 1) for r in (0, 1) for f in (0, 1)]
+    assert [prmt_flag(cfg, True) for cfg in flags] == [1, 5, 2, 6, 9, 13, 10, 14]
     assert prmt_flag({"lut_regs": True, "dot_fence": True}, False) == 0  # the gather path has no joins to fence
     monkeypatch.setattr(da, "_TRITON", (3, 6))
     on = {(m, b) for m in ref.MODES for b in (1, 16) if default_config(m, batch=b)["dot_fence"]}

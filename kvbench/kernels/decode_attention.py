@@ -122,7 +122,7 @@ def _load_packed(CODES, rows, mask, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N
 
 
 @triton.jit
-def _centroids(packed, CB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, PRMT: tl.constexpr):
+def _centroids(packed, CB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, PRMT: tl.constexpr, words=None):
     """Unpack [BLOCK_N, NG] code groups into their fp16 centroids -> [BLOCK_N, D].
 
     Gather path: CB is the codebook, 2^BITS fp16 values (one 32-byte sector, so a warp's
@@ -131,11 +131,14 @@ def _centroids(packed, CB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.cons
     int32 words (`prmt_table`), which sit in registers; byte permutes pick each code's
     two bytes, about 3 instructions per code instead of an address and a load.
     PRMT % 4 == 2 (`lut_regs`): the words are made per-thread values first (`_per_thread`).
-    PRMT >= 4 (`dot_fence`): the tile leaves through `_dot_fence`.
+    PRMT // 4 % 2 (`dot_fence`): the tile leaves through `_dot_fence`. `words`: the table's words
+    as the caller loaded them (`hoist_lut`); None: loaded here, from CB.
     """
     if PRMT:
-        c = _centroids_prmt(packed, CB, BITS, D, BLOCK_N, PRMT % 4 == 2)
-        if PRMT >= 4:
+        if words is None:
+            words = _prmt_words(CB, PRMT % 4 == 2)
+        c = _centroids_prmt(packed, words, BITS, D, BLOCK_N)
+        if PRMT // 4 % 2:
             c = _dot_fence(c)
     else:
         CPG: tl.constexpr = 2 if BITS == 4 else 8
@@ -211,23 +214,12 @@ def _dot_fence(x):
 
 
 @triton.jit
-def _centroids_prmt(words, TAB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, REGS: tl.constexpr = False):
-    """[BLOCK_N, D/8] int32 words of 8 codes (code i at bits BITS*i) -> [BLOCK_N, D] fp16.
+def _prmt_words(TAB, REGS: tl.constexpr):
+    """The prmt lookup's 8 table words (`prmt_table`) from TAB.
 
-    TAB: [L0..L3, H0..H3], byte j of Lk / Hk = low / high byte of centroid 4k + j.
-    4 bits, per 4 codes (a 16-bit half h of the word): selectors s = h & 0x7777 pick from
-    entries 0-7 (L0:L1) and 8-15 (L2:L3); bit 3 of each code, spread to a byte mask by a
-    sign-replicating prmt, chooses between them (lop3 0xD8 = m ? b : a). 3 bits: the
-    codes are spread to nibbles (bfi) and one prmt per byte plane does. A last prmt pair
-    interleaves low and high bytes into fp16 pairs. Output $m holds code [0,4,2,6,1,5,3,7][m],
-    the order the joins below put back in place. Checked against the gather path on a GPU
-    within the kernels' tolerance (`test_prmt_lookup_matches_gather`: not bit for bit, the dots
-    may sum in another order).
-
-    REGS: the table words pass through `_per_thread`, so that ptxas keeps them in vector
-    registers instead of copying each one out of a uniform register at every permute (sm_90,
-    triton 3.6: turbo4's loop at 64-token blocks and 2 warps, 1899 -> 1665 instructions).
-    """
+    REGS: they pass through `_per_thread`, so that ptxas keeps them in vector registers instead of
+    copying each one out of a uniform register at every permute (sm_90, triton 3.6: turbo4's loop at
+    64-token blocks and 2 warps, 1899 -> 1665 instructions)."""
     t0 = tl.load(TAB + 0)
     t1 = tl.load(TAB + 1)
     t2 = tl.load(TAB + 2)
@@ -239,9 +231,29 @@ def _centroids_prmt(words, TAB, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl
     if REGS:
         t0, t1, t2, t3 = _per_thread(t0), _per_thread(t1), _per_thread(t2), _per_thread(t3)
         t4, t5, t6, t7 = _per_thread(t4), _per_thread(t5), _per_thread(t6), _per_thread(t7)
+    return t0, t1, t2, t3, t4, t5, t6, t7
+
+
+@triton.jit
+def _centroids_prmt(codes, table, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[BLOCK_N, D/8] int32 words of 8 codes (code i at bits BITS*i) -> [BLOCK_N, D] fp16.
+
+    table: the 8 words L0..L3, H0..H3 (`_prmt_words`), byte j of Lk / Hk = low / high byte of
+    centroid 4k + j.
+    4 bits, per 4 codes (a 16-bit half h of the word): selectors s = h & 0x7777 pick from
+    entries 0-7 (L0:L1) and 8-15 (L2:L3); bit 3 of each code, spread to a byte mask by a
+    sign-replicating prmt, chooses between them (lop3 0xD8 = m ? b : a). 3 bits: the
+    codes are spread to nibbles (bfi) and one prmt per byte plane does. A last prmt pair
+    interleaves low and high bytes into fp16 pairs. Output $m holds code [0,4,2,6,1,5,3,7][m],
+    the order the joins below put back in place. Checked against the gather path on a GPU
+    within the kernels' tolerance (`test_prmt_lookup_matches_gather`: not bit for bit, the dots
+    may sum in another order).
+
+    """
+    t0, t1, t2, t3, t4, t5, t6, t7 = table
     o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
         _PRMT_ASM4 if BITS == 4 else _PRMT_ASM3,
-        "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r,r,r,r,r", [words, t0, t1, t2, t3, t4, t5, t6, t7],
+        "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r,r,r,r,r", [codes, t0, t1, t2, t3, t4, t5, t6, t7],
         dtype=(tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16, tl.float16),
         is_pure=True, pack=1,
     )  # fmt: skip
@@ -346,6 +358,12 @@ def _attend_range(
     if DEFER_SUMS:  # per-element running sums of the weights (and int8's fp16 weights)
         l_blk = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
         w_blk = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
+    wk = None  # PRMT >= 8 (`hoist_lut`): the prmt tables' words, loaded here once rather than in every block
+    wv = None
+    if PRMT >= 8 and K_FMT == TURBO4:
+        wk = _prmt_words(CBK, PRMT % 4 == 2)
+    if PRMT >= 8 and V_CODES:
+        wv = _prmt_words(CBV, PRMT % 4 == 2)
     if K_FMT == TURBO4:
         k_pk = _load_packed(K, k_row0 + lo + offs, lo + offs < hi, 4, D, BLOCK_N, PRMT)
         k_sc = tl.load(KS + k_row0 + lo + offs, mask=lo + offs < hi, other=0.0)
@@ -383,7 +401,7 @@ def _attend_range(
             s = (tl.dot(qa, kt) * 254 + tl.dot(qb, kt)).to(tl.float32)
             s = s * (q_unit[:, None] * k_sc8[None, :])
         else:
-            c = _centroids(k_cur, CBK, 4, D, BLOCK_N, PRMT)
+            c = _centroids(k_cur, CBK, 4, D, BLOCK_N, PRMT, wk)
             s = tl.dot(qa, tl.trans(c)) * (q_unit[:, None] * k_scale.to(tl.float32)[None, :])
         s = tl.where(mask[None, :], s, float("-inf"))
         m_blk = tl.max(s, 1)
@@ -438,7 +456,7 @@ def _attend_range(
                     # |dot| <= 127^2 * BLOCK_N: hi * 254 + lo fits int32 for BLOCK_N <= 256
                     pv = (tl.dot(wh, v) * 254 + tl.dot(wl, v)).to(tl.float32) * (unit * (1.0 / 254.0))[:, None]
             else:
-                c = _centroids(v_cur, CBV, V_BITS, D, BLOCK_N, PRMT)
+                c = _centroids(v_cur, CBV, V_BITS, D, BLOCK_N, PRMT, wv)
                 pv = tl.dot((p * v_scale.to(tl.float32)[None, :]).to(tl.float16), c)
             acc = acc + pv
     if DEFER_SUMS:
@@ -935,6 +953,14 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # with it), so it is off from 3.8 on; measured on the GPU machine's 3.6 only.
     fence_at = {"turbo4": True, "turbo4-delegated": True, "turbo3-asym": batch != 1, "turbo4-asym": batch == 1}
     cfg["dot_fence"] = fence_at.get(mode, False) and _TRITON < (3, 8)
+    # `hoist_lut`: the prmt table's words loaded once before the block loop, not inside it. Without the
+    # fence the compiler hoists them itself (the same loops either way). With it, triton 3.6's pipeliner
+    # turns the 8 loads into asynchronous copies through shared memory in every block, which is where
+    # the fence's extra registers come from. Ahead of time (sm_90, triton 3.6), fence alone -> fence and
+    # hoist: turbo4-asym 1084 -> 1035 instructions and 254 -> 164 registers (no fence: 1180, 164),
+    # turbo3-asym 1326 -> 1296, delegated's cold loop 1040 -> 978 (255 -> 232 registers), turbo4 1511 ->
+    # 1369 (253 -> 219). Not yet measured on a GPU, so off.
+    cfg["hoist_lut"] = False
     # `merge_cols`: columns of D per reduction program (None: whole rows, one program per query head).
     # Fewer columns put more programs, each one warp merging every split in one pass with no barrier;
     # a turbo V's inverse rotation (which needs whole rows) then moves into the split programs. On the
@@ -1160,10 +1186,11 @@ def prmt_table(codebook: torch.Tensor) -> torch.Tensor:
 def prmt_flag(cfg: dict, prmt: bool) -> int:
     """The split kernel's PRMT constexpr: 0 the gather lookup, 1 the byte permutes with the table as
     loaded, 2 with its words made per-thread (`lut_regs`); plus 4 where the centroid tiles pass
-    `_dot_fence` before their dots (`dot_fence`)."""
+    `_dot_fence` before their dots (`dot_fence`), plus 8 where the table's words are loaded once
+    before the loop (`hoist_lut`)."""
     if not prmt:
         return 0
-    return (2 if cfg["lut_regs"] else 1) + (4 if cfg.get("dot_fence") else 0)
+    return (2 if cfg["lut_regs"] else 1) + (4 if cfg.get("dot_fence") else 0) + (8 if cfg.get("hoist_lut") else 0)
 
 
 def lut_path(device: torch.device, lut: str | None = None) -> str:
