@@ -45,6 +45,12 @@ from kvbench.kernels.quantize import FORMAT_IDS, wht_params
 from kvbench.kernels.reference import FORMATS
 
 ELEMENT = {"float": "*bf16", "int8": "*i8", "turbo4": "*u8", "turbo3": "*u8", "delegated": "*u8"}
+# the prmt lookup's `default_config` knobs that have a 0/1 flag here
+LOOKUP_KNOBS = {
+    "lut_regs": "the prmt table words per-thread",
+    "dot_fence": "the centroid tiles through `_dot_fence` before their dots",
+    "hoist_lut": "the prmt table's words loaded once before the loop",
+}
 ALIGNED_INTS = ("stride_qb", "stride_qh", "cap", "v_cap", "hot_cap")  # multiples of 16 in practice
 
 
@@ -63,21 +69,15 @@ def compile_split(
     rotated_out: bool = False,
     sparse_v: float = 0.0,
     maxnreg: int | None = None,
-    lut_regs: bool | None = None,
-    dot_fence: bool | None = None,
-    hoist_lut: bool | None = None,
+    knobs: dict | None = None,
 ):
     """The split kernel of `mode` compiled for sm_90, with pointers and strides 16-aligned
     (`unrotate`: a turbo V's sums inverse-rotated in the kernel, as `merge_cols` launches it;
-    `rotated_out`: delegated's hot sums rotated into V's basis, as `rotated_out` launches it)."""
+    `rotated_out`: delegated's hot sums rotated into V's basis, as `rotated_out` launches it;
+    `knobs`: `default_config` keys set over the mode's defaults)."""
     kf, vf = FORMATS[mode]
     cfg = default_config(mode)
-    if lut_regs is not None:
-        cfg["lut_regs"] = lut_regs
-    if dot_fence is not None:
-        cfg["dot_fence"] = dot_fence
-    if hoist_lut is not None:
-        cfg["hoist_lut"] = hoist_lut
+    cfg.update(knobs or {})
     uses_prmt = kf.startswith("turbo") or vf.startswith(("turbo", "delegated")) or kf == "int8"
     fn = _decode_split_kernel
     pointers = {"Q": "*bf16", "K": ELEMENT[kf], "V": ELEMENT[vf], "VH": "*bf16", "LEN": "*i32", "COLD": "*i32"}
@@ -233,24 +233,10 @@ def main():
     )
     ap.add_argument("--sparse-v", type=float, default=0.0, help="sparse V's tau (`sparse_v`; 0: off)")
     ap.add_argument("--maxnreg", type=int, help="cap the split kernel's registers per thread (`maxnreg`; spills)")
-    ap.add_argument(
-        "--lut-regs",
-        type=int,
-        choices=(0, 1),
-        help="the prmt table words per-thread (`lut_regs`; default: the config's)",
-    )
-    ap.add_argument(
-        "--dot-fence",
-        type=int,
-        choices=(0, 1),
-        help="the centroid tiles through `_dot_fence` before their dots (`dot_fence`; default: the config's)",
-    )
-    ap.add_argument(
-        "--hoist-lut",
-        type=int,
-        choices=(0, 1),
-        help="the prmt table's words loaded once before the loop (`hoist_lut`; default: the config's)",
-    )
+    for knob, what in LOOKUP_KNOBS.items():
+        ap.add_argument(
+            "--" + knob.replace("_", "-"), type=int, choices=(0, 1), help=f"{what} (`{knob}`; default: the config's)"
+        )
     args = ap.parse_args()
     top_n = int(os.environ.get("SASS_TOP", 16))
     for mode in args.modes.split(","):
@@ -287,9 +273,7 @@ def main():
             rotated_out=args.rotated_out,
             sparse_v=args.sparse_v,
             maxnreg=args.maxnreg,
-            lut_regs=None if args.lut_regs is None else bool(args.lut_regs),
-            dot_fence=None if args.dot_fence is None else bool(args.dot_fence),
-            hoist_lut=None if args.hoist_lut is None else bool(args.hoist_lut),
+            knobs={k: bool(getattr(args, k)) for k in LOOKUP_KNOBS if getattr(args, k) is not None},
         )
         sass = sass_of(kernel)
         every = instructions(sass)
