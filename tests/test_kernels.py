@@ -292,10 +292,11 @@ def test_dot_fence_defaults(monkeypatch):
     assert prmt_flag({"lut_regs": True, "dot_fence": True}, False) == 0  # the gather path has no joins to fence
     monkeypatch.setattr(da, "_TRITON", (3, 6))
     on = {(m, b) for m in ref.MODES for b in (1, 16) if default_config(m, batch=b)["dot_fence"]}
-    expected = {("turbo4", 1), ("turbo4", 16), ("turbo4-delegated", 1), ("turbo4-delegated", 16)}
-    assert on == expected | {("turbo3-asym", 16), ("turbo4-asym", 1)}
+    coded = ("turbo4", "turbo4-delegated", "turbo3-asym", "turbo4-asym")
+    assert on == {(m, b) for m in coded for b in (1, 16)}
+    assert all(default_config(m, batch=b)["hoist_lut"] == ((m, b) in on) for m in ref.MODES for b in (1, 16))
     monkeypatch.setattr(da, "_TRITON", (3, 8))
-    assert not any(default_config(m, batch=b)["dot_fence"] for m in ref.MODES for b in (1, 16))
+    assert not any(default_config(m, batch=b)[k] for m in ref.MODES for b in (1, 16) for k in ("dot_fence", "hoist_lut"))
 
 
 def test_merge_columns_follow_fold_v(monkeypatch):

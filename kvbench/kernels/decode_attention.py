@@ -947,20 +947,24 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # fp16: turbo4 0.979 -> 1.018 at 32K, batch 16 and 0.982 -> 0.995 at 32K, batch 1; delegated 1.065 ->
     # 1.091 at 32K, batch 16 and 0.997 -> 0.998 at 8K, batch 1; turbo3-asym +0.7 points at 32K, batch 16
     # but -0.5 at 8K, batch 1; turbo4-asym 0.995 -> 0.9995 at 8K, batch 1, but -0.5 points at 32K, batch 1
-    # and -4 at batch 16 (254 registers against 164: 2 of its programs an SM, not 3). So: on for turbo4
-    # and delegated, turbo3-asym past batch 1, turbo4-asym at batch 1 (its missed target is 8K there).
+    # and -4 at batch 16 (254 registers against 164: 2 of its programs an SM, not 3); that loss was
+    # the pipeliner's doing, which `hoist_lut` (below) undoes. So, with the hoist, on for every coded mode.
     # Triton 3.8 gives these dots kWidth 2 without it (turbo4-asym's loop, sm_90: 989 instructions, 1046
     # with it), so it is off from 3.8 on; measured on the GPU machine's 3.6 only.
-    fence_at = {"turbo4": True, "turbo4-delegated": True, "turbo3-asym": batch != 1, "turbo4-asym": batch == 1}
-    cfg["dot_fence"] = fence_at.get(mode, False) and _TRITON < (3, 8)
+    fence = mode in ("turbo4", "turbo4-delegated", "turbo3-asym", "turbo4-asym") and _TRITON < (3, 8)
+    cfg["dot_fence"] = fence
     # `hoist_lut`: the prmt table's words loaded once before the block loop, not inside it. Without the
     # fence the compiler hoists them itself (the same loops either way). With it, triton 3.6's pipeliner
     # turns the 8 loads into asynchronous copies through shared memory in every block, which is where
     # the fence's extra registers come from. Ahead of time (sm_90, triton 3.6), fence alone -> fence and
     # hoist: turbo4-asym 1084 -> 1035 instructions and 254 -> 164 registers (no fence: 1180, 164),
     # turbo3-asym 1326 -> 1296, delegated's cold loop 1040 -> 978 (255 -> 232 registers), turbo4 1511 ->
-    # 1369 (253 -> 219). Not yet measured on a GPU, so off.
-    cfg["hoist_lut"] = False
+    # 1369 (253 -> 219). On the H200 (results/2026-12-03d-h200/experiments/hoist-lut, fence and hoist for
+    # every coded mode against the previous defaults, alternating on one lease), ratio to fp16 at 32K,
+    # batch 16: turbo4-asym 1.104 -> 1.151, turbo3-asym 1.064 -> 1.088, delegated 1.108 -> 1.138, turbo4
+    # 0.994 -> 1.045; at 32K, batch 1: 1.018 -> 1.033, 1.008 -> 1.014, 1.005 -> 1.021, 0.994 -> 0.998; at 8K,
+    # batch 1: 0.9987 -> 0.9992, 0.9976 -> 0.9993, 0.9973 -> 1.0007, 0.9901 -> 0.9911.
+    cfg["hoist_lut"] = fence
     # `merge_cols`: columns of D per reduction program (None: whole rows, one program per query head).
     # Fewer columns put more programs, each one warp merging every split in one pass with no barrier;
     # a turbo V's inverse rotation (which needs whole rows) then moves into the split programs. On the
