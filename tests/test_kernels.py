@@ -296,7 +296,9 @@ def test_dot_fence_defaults(monkeypatch):
     assert on == {(m, b) for m in coded for b in (1, 16)}
     assert all(default_config(m, batch=b)["hoist_lut"] == ((m, b) in on) for m in ref.MODES for b in (1, 16))
     monkeypatch.setattr(da, "_TRITON", (3, 8))
-    assert not any(default_config(m, batch=b)[k] for m in ref.MODES for b in (1, 16) for k in ("dot_fence", "hoist_lut"))
+    assert not any(
+        default_config(m, batch=b)[k] for m in ref.MODES for b in (1, 16) for k in ("dot_fence", "hoist_lut")
+    )
 
 
 def test_merge_columns_follow_fold_v(monkeypatch):
