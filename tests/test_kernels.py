@@ -283,8 +283,9 @@ def test_merge_columns_checked():
 
 
 def test_dot_fence_defaults(monkeypatch):
-    """`dot_fence` rides on the split kernel's PRMT constexpr (+4) and is chosen per mode and batch
-    for the triton it was measured on (3.6); from 3.8 on the dots get kWidth 2 without it."""
+    """`dot_fence` (+4) and `hoist_lut` (+8) ride on the split kernel's PRMT constexpr; both are on for
+    every coded mode at every batch on the triton they were measured on (3.6), and off from 3.8 on,
+    where the dots get kWidth 2 without the fence."""
     import kvbench.kernels.decode_attention as da
 
     flags = [{"lut_regs": r, "dot_fence": f, "hoist_lut": h} for h in (0, 1) for r in (0, 1) for f in (0, 1)]

@@ -248,7 +248,6 @@ def _centroids_prmt(codes, table, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: 
     the order the joins below put back in place. Checked against the gather path on a GPU
     within the kernels' tolerance (`test_prmt_lookup_matches_gather`: not bit for bit, the dots
     may sum in another order).
-
     """
     t0, t1, t2, t3, t4, t5, t6, t7 = table
     o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
@@ -951,7 +950,7 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # the pipeliner's doing, which `hoist_lut` (below) undoes. So, with the hoist, on for every coded mode.
     # Triton 3.8 gives these dots kWidth 2 without it (turbo4-asym's loop, sm_90: 989 instructions, 1046
     # with it), so it is off from 3.8 on; measured on the GPU machine's 3.6 only.
-    fence = mode in ("turbo4", "turbo4-delegated", "turbo3-asym", "turbo4-asym") and _TRITON < (3, 8)
+    fence = FORMATS[mode][1].startswith(("turbo", "delegated")) and _TRITON < (3, 8)  # a coded V: the lookup
     cfg["dot_fence"] = fence
     # `hoist_lut`: the prmt table's words loaded once before the block loop, not inside it. Without the
     # fence the compiler hoists them itself (the same loops either way). With it, triton 3.6's pipeliner
