@@ -34,6 +34,7 @@ from kvbench.kernels.decode_attention import (
     choose_num_splits,
     decode_attention,
     default_config,
+    launch_shape,
     launch_stages,
     lut_path,
     merge_block,
@@ -641,6 +642,53 @@ def test_launch_stages():
     assert launch_stages(turbo3, 128 * 9, 3641) == 3
     assert launch_stages(turbo3, 8 * 33, 254) == 2
     assert choose_num_splits(16, 8, 32768, programs_per_sm=turbo3["programs_per_sm"]) == 9
+
+
+def test_launch_shape():
+    """`short_split`: 64-token blocks on 3 stages where a batch-1 split spans two of the config's 128-token
+    blocks (8K on 132 SMs: 33 splits of 251 tokens); the config's shape for one block or more than two,
+    at batch 16, and for modes without it (turbo3-asym, fp16)."""
+    t4a = default_config("turbo4-asym", batch=1)
+    assert launch_shape(t4a, 8 * 33, 251) == (64, 3)  # batch 1, 8K
+    assert launch_shape(t4a, 8 * 33, 256) == (64, 3)
+    assert launch_shape(t4a, 8 * 33, 257) == (128, 2)  # three blocks: the config's (no deep stage below 4)
+    assert launch_shape(t4a, 8 * 33, 993) == (128, 3)  # batch 1, 32K: its deep stage
+    assert launch_shape(t4a, 8 * 16, 128) == (128, 2)  # batch 1, 2K: one block a split
+    assert launch_shape(default_config("turbo4-delegated", batch=1), 8 * 33, 251) == (64, 3)
+    for mode, batch in (("turbo4-asym", 16), ("turbo4-asym", None), ("turbo4-delegated", 16), ("turbo3-asym", 1),
+                        ("fp16", 1), ("int8", 1), ("turbo4", 1)):  # fmt: skip
+        cfg = default_config(mode, batch=batch)
+        tokens = 2 * cfg["block_n"] - 5  # two of its blocks
+        assert launch_shape(cfg, 8 * 33, tokens) == (cfg["block_n"], launch_stages(cfg, 8 * 33, tokens)), mode
+
+
+@pytest.mark.parametrize("mode", ["turbo4-asym", "turbo4-delegated", "turbo3-asym"])
+def test_short_split_reaches_the_split_launch(mode, seed, monkeypatch):
+    """The launcher gives the split kernel `launch_shape`'s block and stages (two-block splits: 64 and 3
+    for turbo4-asym and delegated), the caller's block where it passes one, and the output matches the
+    reference either way (batch 1, 390 tokens in 2 splits: 195 a split)."""
+    import kvbench.kernels.decode_attention as da
+
+    launches = []
+
+    class Spy:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((kwargs["BLOCK_N"], kwargs["num_stages"]))
+                return self.kernel[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(da, "_decode_split_kernel", Spy(da._decode_split_kernel))
+    short = mode != "turbo3-asym"
+    for launch in ({}, {"block_n": 128}):
+        out, expected = run_decode(mode, 1, 2, 4, 64, 390, 400, F16, 2, **launch)
+        assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
+        assert max_rel(out, expected) < tolerance(mode, F16), f"seed {seed}"
+    assert launches[0] == ((64, 3) if short else (128, 2)) and launches[1] == (128, 2)
 
 
 def test_delegated_batch_one_shape():

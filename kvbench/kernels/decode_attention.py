@@ -899,12 +899,14 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
         cfg.update(block_n=64, num_warps=2, num_stages=3, programs_per_sm=(2, 16))
         if batch == 1:  # turbo4-asym's program shape: end to end at batch 1, 2K / 8K / 32K, 0.995x / 0.979x /
             # 0.993x of fp16 against 0.984x / 0.974x / 0.974x (2026-12-01, phase AN); slower at batch 16 (458 vs 438 us)
-            cfg.update(block_n=128, num_warps=4, num_stages=2)
+            cfg.update(block_n=128, num_warps=4, num_stages=2, short_split=(64, 3))
     elif mode == "turbo3-asym":  # 3 stages at any occupancy, <= 8 programs per SM (2026-12-01, fourth session:
         # batch 16, 32K: 440 vs 484 us with 17 splits of 2 stages; 8K: 127-130 vs 142)
         cfg.update(num_stages=2, deep_stages=3, deep_any_occupancy=True, programs_per_sm=(2, 8))
     elif mode.startswith("turbo"):
         cfg.update(num_stages=2, deep_stages=3, programs_per_sm=(2, 16))
+        if batch == 1:  # splits of two 128-token blocks (8K) run 64-token blocks on 3 stages (`launch_shape`)
+            cfg["short_split"] = (64, 3)
     # fp16 and int8 stores are cheap: issued before the merge, they overlap its loads
     cfg["write_first"] = mode in ("fp16", "int8")
     # int8 K/V: fp16 dots of biased codes ("f16"), integer dots of split operands ("s8"), or integer
@@ -1103,6 +1105,23 @@ def launch_stages(cfg: dict, programs: int, tokens_per_split: int, device=None) 
     return cfg["num_stages"]
 
 
+def launch_shape(cfg: dict, programs: int, tokens_per_split: int, device=None) -> tuple[int, int]:
+    """(BLOCK_N, stages) for a launch: `short_split` (its block and stages) where a split spans more
+    than one and at most two of the config's blocks, else the config's block and `launch_stages`.
+    Two blocks leave a two-stage pipeline nothing to overlap; four blocks of half the size give it
+    a third stage. On the H200, end to end at batch 1 (turbo4-asym's shape: 33 splits of 2 blocks of
+    128 at 8K; results/2026-12-03e-h200/experiments/b1-short, alternating on one lease), 64-token
+    blocks on 3 stages took turbo4-asym at 8K from 0.9997 / 1.0000 / 0.9999 of fp16 to 1.0033 / 1.0033 /
+    1.0036, delegated from 1.0013 / 1.0017 / 1.0023 to 1.0039 / 1.0043 / 1.0044; turbo3-asym did not move
+    (0.9981-0.9988 against 0.9983-0.9994), so it has no `short_split`. Where a split is one block (2K)
+    the same shape lost 0.2-0.4 points for turbo4-asym, and at 32K (8 blocks; 16 of half the size, 17%
+    more instructions a token) 1.2 points (b1-shapes2): the rule applies to two-block splits only."""
+    block_n, short = cfg["block_n"], cfg.get("short_split")
+    if short and block_n < tokens_per_split <= 2 * block_n:
+        return int(short[0]), int(short[1])
+    return block_n, launch_stages(cfg, programs, tokens_per_split, device)
+
+
 class DecodeWorkspace:
     """Scratch for `decode_attention`: pass one to keep launches allocation-free (CUDA graphs).
 
@@ -1294,6 +1313,8 @@ def decode_attention(
         raise ValueError(f"sparse_v must be in [0, 1), got {sparse_v}")
     b, hq, dim = q.shape
     cfg = default_config(mode, batch=b)
+    if block_n is not None:  # the caller's block: no `short_split` (its split count was chosen for it)
+        cfg["short_split"] = None
     block_n = block_n or cfg["block_n"]
     num_warps = num_warps or cfg["num_warps"]
     kf, vf = FORMATS[mode]
@@ -1336,7 +1357,8 @@ def decode_attention(
 
     s = workspace.num_splits
     pdl = pdl_kwargs(q)
-    num_stages = num_stages or launch_stages({**cfg, "block_n": block_n}, b * hkv * s, triton.cdiv(cap, s), dev)
+    block_n, stages = launch_shape({**cfg, "block_n": block_n}, b * hkv * s, triton.cdiv(cap, s), dev)
+    num_stages = num_stages or stages
     rotated = vf.startswith(("turbo", "delegated"))
     if rotated_out and not rotated:
         raise ValueError(f"rotated_out needs a mode whose V is rotated (turbo or delegated V), not {mode}")
