@@ -310,11 +310,8 @@ def test_merge_columns_follow_fold_v(monkeypatch):
     assert t3["fold_v"] and merge_columns(t3, 128) == 0
 
 
-@pytest.mark.parametrize("mode", ["turbo4", "fp16"])
-def test_maxnreg_reaches_the_split_launch(mode, seed, monkeypatch):
-    """`maxnreg` (KVBENCH_ATTN_CONFIG) caps the split kernel's registers: it reaches that launch as
-    ptxas's cap, only for the mode that sets it, and the output is unchanged (a GPU compiles it
-    with spills; the interpreter ignores it)."""
+def spy_split_launches(monkeypatch, pick):
+    """Record `pick(kwargs)` for every launch of the split kernel (which still runs)."""
     import kvbench.kernels.decode_attention as da
 
     launches = []
@@ -325,12 +322,21 @@ def test_maxnreg_reaches_the_split_launch(mode, seed, monkeypatch):
 
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
-                launches.append(kwargs.get("maxnreg"))
+                launches.append(pick(kwargs))
                 return self.kernel[grid](*args, **kwargs)
 
             return launch
 
     monkeypatch.setattr(da, "_decode_split_kernel", Spy(da._decode_split_kernel))
+    return launches
+
+
+@pytest.mark.parametrize("mode", ["turbo4", "fp16"])
+def test_maxnreg_reaches_the_split_launch(mode, seed, monkeypatch):
+    """`maxnreg` (KVBENCH_ATTN_CONFIG) caps the split kernel's registers: it reaches that launch as
+    ptxas's cap, only for the mode that sets it, and the output is unchanged (a GPU compiles it
+    with spills; the interpreter ignores it)."""
+    launches = spy_split_launches(monkeypatch, lambda kw: kw.get("maxnreg"))
     monkeypatch.setenv("KVBENCH_ATTN_CONFIG", '{"turbo4": {"maxnreg": 128}}')
     out, expected = run_decode(mode, 1, 2, 4, 64, 150, 160, F16, 3)
     assert launches == [128 if mode == "turbo4" else None]
@@ -667,22 +673,7 @@ def test_short_split_reaches_the_split_launch(mode, seed, monkeypatch):
     """The launcher gives the split kernel `launch_shape`'s block and stages (two-block splits: 64 and 3
     for turbo4-asym and delegated), the caller's block where it passes one, and the output matches the
     reference either way (batch 1, 390 tokens in 2 splits: 195 a split)."""
-    import kvbench.kernels.decode_attention as da
-
-    launches = []
-
-    class Spy:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launches.append((kwargs["BLOCK_N"], kwargs["num_stages"]))
-                return self.kernel[grid](*args, **kwargs)
-
-            return launch
-
-    monkeypatch.setattr(da, "_decode_split_kernel", Spy(da._decode_split_kernel))
+    launches = spy_split_launches(monkeypatch, lambda kw: (kw["BLOCK_N"], kw["num_stages"]))
     short = mode != "turbo3-asym"
     for launch in ({}, {"block_n": 128}):
         out, expected = run_decode(mode, 1, 2, 4, 64, 390, 400, F16, 2, **launch)
