@@ -35,8 +35,11 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The tests on pytest-xdist workers, 2 for CI's 2 cores (tests/conftest.py gives each worker its
+# share of the threads); worksteal evens out the long tests. TEST_WORKERS=0: one process (--pdb, -s).
+TEST_WORKERS ?= 2
 test: lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -20,7 +20,9 @@ from kvbench.kernels.gemv import MAX_ROWS, SHARED_BUDGET, gemv_config, linear
 
 DEVICE = torch.device(os.environ.get("KVBENCH_TEST_DEVICE", "cpu"))
 DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if DEVICE.type == "cuda" else [])
-SEEDS = [random.randrange(2**31) for _ in range(3)]
+# fresh each session, the same in every pytest-xdist worker (conftest.py sets the session's seed)
+_rng = random.Random(os.environ.get("KVBENCH_TEST_RUN_SEED"))
+SEEDS = [_rng.randrange(2**31) for _ in range(3)]
 
 
 @pytest.fixture(autouse=True)

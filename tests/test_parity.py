@@ -160,3 +160,31 @@ def test_gguf_conversion_matches_transformers_loader(default_model):
     assert set(theirs) <= set(mine)
     for name, t in theirs.items():
         assert torch.equal(mine[name], t.float()), name
+
+
+def test_gguf_conversion_waits_for_another(tmp_path, monkeypatch):
+    """Two processes asked to convert one GGUF: the second waits on the first's file lock, then takes
+    its folder instead of converting again and replacing the folder under the first one's reader."""
+    import threading
+
+    from filelock import FileLock
+
+    from kvbench.engine import weights
+
+    monkeypatch.setattr(weights, "cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setattr(weights, "_convert_gguf", lambda *a: pytest.fail("converted while another conversion ran"))
+    src = tmp_path / "m.gguf"
+    src.write_bytes(b"GGUF" + bytes(64))
+    digest = weights.file_hash([src])
+    folder = tmp_path / "cache" / "gguf" / digest
+    folder.parent.mkdir(parents=True)
+    got = []
+    with FileLock(str(folder.parent / f".{digest}.lock")):  # the first process, converting
+        waiter = threading.Thread(target=lambda: got.append(weights.gguf_to_hf_folder(src)))
+        waiter.start()
+        waiter.join(1.0)
+        assert waiter.is_alive() and not got  # it waits on the lock
+        folder.mkdir()
+        (folder / "DONE").write_text(str(src))  # the first process is done
+    waiter.join(30)
+    assert got == [folder]

@@ -169,15 +169,25 @@ def _read_gguf(path: Path):
 
 def gguf_to_hf_folder(path: Path, progress=None) -> Path:
     """Convert a GGUF file once into a cached Hugging Face folder; return the folder."""
+    from filelock import FileLock
     from safetensors.torch import save_file
 
     digest = file_hash([path])
     folder = cache_dir() / "gguf" / digest
     if (folder / "DONE").is_file():
         return folder
-    if progress:
-        progress(f"converting {path.name} to a cached fp32 checkpoint (once; later loads take seconds)")
     folder.parent.mkdir(parents=True, exist_ok=True)
+    # one conversion at a time per file: a second process (an audit started beside another, a test
+    # worker) waits, then finds the folder done instead of replacing it under the first one's reader
+    with FileLock(str(folder.parent / f".{digest}.lock")):
+        if (folder / "DONE").is_file():
+            return folder
+        if progress:
+            progress(f"converting {path.name} to a cached fp32 checkpoint (once; later loads take seconds)")
+        return _convert_gguf(path, folder, save_file)
+
+
+def _convert_gguf(path: Path, folder: Path, save_file) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
         cfg, tok, tensors = _read_gguf(path)
