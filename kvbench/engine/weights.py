@@ -170,7 +170,6 @@ def _read_gguf(path: Path):
 def gguf_to_hf_folder(path: Path, progress=None) -> Path:
     """Convert a GGUF file once into a cached Hugging Face folder; return the folder."""
     from filelock import FileLock
-    from safetensors.torch import save_file
 
     digest = file_hash([path])
     folder = cache_dir() / "gguf" / digest
@@ -184,10 +183,13 @@ def gguf_to_hf_folder(path: Path, progress=None) -> Path:
             return folder
         if progress:
             progress(f"converting {path.name} to a cached fp32 checkpoint (once; later loads take seconds)")
-        return _convert_gguf(path, folder, save_file)
+        return _convert_gguf(path, folder)
 
 
-def _convert_gguf(path: Path, folder: Path, save_file) -> Path:
+def _convert_gguf(path: Path, folder: Path) -> Path:
+    """The conversion itself, into a temporary folder renamed into place when whole."""
+    from safetensors.torch import save_file
+
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
         cfg, tok, tensors = _read_gguf(path)
