@@ -50,6 +50,7 @@ LOOKUP_KNOBS = {
     "lut_regs": "the prmt table words per-thread",
     "dot_fence": "the centroid tiles through `_dot_fence` before their dots",
     "hoist_lut": "the prmt table's words loaded once before the loop",
+    "v3_set_major": "a 3-bit V's code words loaded as [set, token] tiles",
 }
 ALIGNED_INTS = ("stride_qb", "stride_qh", "cap", "v_cap", "hot_cap")  # multiples of 16 in practice
 
@@ -92,7 +93,7 @@ def compile_split(
         "DEFER_SUMS": bool(cfg["defer_sums"] if defer_sums is None else defer_sums),
         "UNROTATE": unrotate, "ROTATE_HOT": rotated_out and vf == "delegated", "ROWS": triton.next_power_of_2(group),
         "INV_SQRT_D": wht_params(dim)["INV_SQRT_D"] if unrotate or rotated_out else 1.0,
-        "SPARSE_V": math.log2(sparse_v) if sparse_v > 0 else 0.0,
+        "SPARSE_V": math.log2(sparse_v) if sparse_v > 0 else 0.0, "SET_MAJOR": bool(cfg["v3_set_major"]),
     }  # fmt: skip
     scales = {"KS": kf, "VS": vf}  # int8's two bf16 scales of a token load as one i32; turbo's typed fp32 here
 

@@ -661,7 +661,8 @@ def test_launch_shape():
     assert launch_shape(t4a, 8 * 33, 993) == (128, 3)  # batch 1, 32K: its deep stage
     assert launch_shape(t4a, 8 * 16, 128) == (128, 2)  # batch 1, 2K: one block a split
     assert launch_shape(default_config("turbo4-delegated", batch=1), 8 * 33, 251) == (64, 3)
-    for mode, batch in (("turbo4-asym", 16), ("turbo4-asym", None), ("turbo4-delegated", 16), ("turbo3-asym", 1),
+    assert launch_shape(default_config("turbo3-asym", batch=1), 8 * 33, 248) == (64, 3)
+    for mode, batch in (("turbo4-asym", 16), ("turbo4-asym", None), ("turbo4-delegated", 16), ("turbo3-asym", 16),
                         ("fp16", 1), ("int8", 1), ("turbo4", 1)):  # fmt: skip
         cfg = default_config(mode, batch=batch)
         tokens = 2 * cfg["block_n"] - 5  # two of its blocks
@@ -671,15 +672,42 @@ def test_launch_shape():
 @pytest.mark.parametrize("mode", ["turbo4-asym", "turbo4-delegated", "turbo3-asym"])
 def test_short_split_reaches_the_split_launch(mode, seed, monkeypatch):
     """The launcher gives the split kernel `launch_shape`'s block and stages (two-block splits: 64 and 3
-    for turbo4-asym and delegated), the caller's block where it passes one, and the output matches the
-    reference either way (batch 1, 390 tokens in 2 splits: 195 a split)."""
+    for the three modes that set `short_split` at batch 1), the caller's block where it passes one, and
+    the output matches the reference either way (batch 1, 390 tokens in 2 splits: 195 a split)."""
     launches = spy_split_launches(monkeypatch, lambda kw: (kw["BLOCK_N"], kw["num_stages"]))
-    short = mode != "turbo3-asym"
     for launch in ({}, {"block_n": 128}):
         out, expected = run_decode(mode, 1, 2, 4, 64, 390, 400, F16, 2, **launch)
         assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
         assert max_rel(out, expected) < tolerance(mode, F16), f"seed {seed}"
-    assert launches[0] == ((64, 3) if short else (128, 2)) and launches[1] == (128, 2)
+    assert launches == [(64, 3), (128, 2)]
+
+
+@pytest.mark.parametrize("set_major", [False, True])
+@pytest.mark.parametrize(
+    "case", [c for c in DECODE_CASES if c[3] >= 32], ids=lambda c: "B{}-Hkv{}-G{}-D{}-L{}".format(*c)
+)
+def test_three_bit_words_either_order(case, set_major, seed, monkeypatch):
+    """A 3-bit V's code words load as [token, set] or [set, token] tiles (`v3_set_major`, which
+    reaches the split launch): either way the kernel matches the reference (on a GPU with the
+    byte-permute lookup, in the interpreter with the gather)."""
+    monkeypatch.setenv("KVBENCH_ATTN_CONFIG", json.dumps({"turbo3-asym": {"v3_set_major": set_major}}))
+    launches = spy_split_launches(monkeypatch, lambda kw: kw["SET_MAJOR"])
+    b, hkv, group, dim, length, cap, dtype, splits = case
+    out, expected = run_decode("turbo3-asym", b, hkv, group, dim, length, cap, dtype, splits)
+    assert launches == [set_major]
+    assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
+    err = max_rel(out, expected)
+    assert err < tolerance("turbo3-asym", dtype), f"seed {seed}: max rel error {err:.2e}"
+
+
+def test_three_bit_order_follows_triton(monkeypatch):
+    """`v3_set_major` is on below triton 3.8 (where [set, token] tiles give the centroid tile 16-byte
+    shared stores) and off from 3.8 on (where [token, set] ones do)."""
+    import kvbench.kernels.decode_attention as da
+
+    for version, on in (((3, 6), True), ((3, 8), False), ((3, 9), False)):
+        monkeypatch.setattr(da, "_TRITON", version)
+        assert all(default_config(m, batch=b)["v3_set_major"] == on for m in ref.MODES for b in (1, 16))
 
 
 def test_delegated_batch_one_shape():

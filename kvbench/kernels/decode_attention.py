@@ -88,9 +88,25 @@ def _stamp(STAMPS, slot, ON: tl.constexpr):
 
 
 @triton.jit
-def _load_packed(CODES, rows, mask, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, PRMT: tl.constexpr):
+def _load_packed(
+    CODES,
+    rows,
+    mask,
+    BITS: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRMT: tl.constexpr,
+    SET_MAJOR: tl.constexpr = False,
+):
     """Packed codes of token rows [BLOCK_N] -> [BLOCK_N, NG]: bytes of 2 codes (4-bit, gather
-    path) or int32 words of 8 codes (4-bit for the prmt path; 3-bit always, 24 bits)."""
+    path) or int32 words of 8 codes (4-bit for the prmt path; 3-bit always, in the low 24 bits).
+
+    SET_MAJOR (3-bit): the words are loaded as [set, token] tiles, not [token, set]. The result is
+    the same; what changes is the register layout triton derives from the loads, and with it how
+    the centroid tile is stored to shared memory for its dot: in 16-byte stores where a warp's
+    lanes spread over the sets, in 16-bit ones (8x as many) where each lane holds a token's row.
+    Triton 3.6 spreads the lanes over the sets for [set, token] tiles, 3.8 for [token, set] ones
+    (`v3_set_major` in `default_config`)."""
     CPG: tl.constexpr = 2 if BITS == 4 and not PRMT else 8  # codes per packed group
     NG: tl.constexpr = D // CPG
     g = tl.arange(0, NG)
@@ -103,16 +119,25 @@ def _load_packed(CODES, rows, mask, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N
     elif D % 32 == 0:  # a row of 3D/8 bytes is 3D/32 aligned words; every 3 words hold 4 groups
         NS: tl.constexpr = D // 32
         s = tl.arange(0, NS)
-        words = CODES.to(tl.pointer_type(tl.int32)) + rows[:, None] * (3 * NS) + 3 * s[None, :]
-        w0 = tl.load(words, mask=mask[:, None], other=0)
-        w1 = tl.load(words + 1, mask=mask[:, None], other=0)
-        w2 = tl.load(words + 2, mask=mask[:, None], other=0)
-        g0 = w0 & 0xFFFFFF
-        g1 = ((w0 >> 24) & 0xFF) | ((w1 & 0xFFFF) << 8)
-        g2 = ((w1 >> 16) & 0xFFFF) | ((w2 & 0xFF) << 16)
-        g3 = (w2 >> 8) & 0xFFFFFF
+        if SET_MAJOR:
+            words = CODES.to(tl.pointer_type(tl.int32)) + rows[None, :] * (3 * NS) + 3 * s[:, None]
+            live = mask[None, :]
+        else:
+            words = CODES.to(tl.pointer_type(tl.int32)) + rows[:, None] * (3 * NS) + 3 * s[None, :]
+            live = mask[:, None]
+        w0 = tl.load(words, mask=live, other=0).to(tl.uint32, bitcast=True)
+        w1 = tl.load(words + 1, mask=live, other=0).to(tl.uint32, bitcast=True)
+        w2 = tl.load(words + 2, mask=live, other=0).to(tl.uint32, bitcast=True)
+        # group j of the set in the low 24 bits of gj (the bits above are not read)
+        g0 = w0
+        g1 = (w0 >> 24) | (w1 << 8)
+        g2 = (w1 >> 16) | (w2 << 16)
+        g3 = w2 >> 8
         # join(join(g0, g2), join(g1, g3))[..., i, j] is group 2i + j of the set
-        packed = tl.reshape(tl.join(tl.join(g0, g2), tl.join(g1, g3)), [BLOCK_N, NG])
+        packed = tl.join(tl.join(g0, g2), tl.join(g1, g3))
+        if SET_MAJOR:
+            packed = tl.permute(packed, (1, 0, 2, 3))
+        packed = tl.reshape(packed, [BLOCK_N, NG])
     else:  # D = 8 or 16: rows are not word-aligned; byte by byte
         packed = tl.zeros([BLOCK_N, NG], dtype=tl.int32)
         for k in tl.static_range(3):
@@ -164,13 +189,20 @@ def _prmt_asm(bits: int) -> str:
             "lop3.b32 hi, ha, hb, m, 0xD8;",
         ]
         halves = (["mov.b32 h, $8;"], ["shr.u32 h, $8, 16;"])
-    else:  # 3-bit codes spread to nibbles; one table half
+    else:  # 3-bit: the 24-bit group's codes spread to the word's 8 nibbles, then one table half
         regs = ".reg .b32 h, s, x, lo, hi, p0, p1;"
-        lookup = ["and.b32 s, h, 7;"]
-        for i in (1, 2, 3):
-            lookup += [f"shr.u32 x, h, {3 * i};", f"bfi.b32 s, x, s, {4 * i}, 3;"]
-        lookup += ["prmt.b32 lo, $9, $10, s;", "prmt.b32 hi, $13, $14, s;"]
-        halves = (["and.b32 h, $8, 0xFFF;"], ["shr.u32 h, $8, 12;", "and.b32 h, h, 0xFFF;"])
+        lookup = ["prmt.b32 lo, $9, $10, h;", "prmt.b32 hi, $13, $14, h;"]
+        spread = [
+            "and.b32 x, $8, 0xFFF000;",  # codes 4-7 from bit 12 to bit 16: 4 codes in each 16-bit half
+            "and.b32 s, $8, 0xFFF;",
+            "shl.b32 x, x, 4;",
+            "or.b32 s, s, x;",
+            "and.b32 x, s, 0x0FC00FC0;",  # s + 3x: the upper 6 bits of each half up by 2, 2 codes a byte
+            "mad.lo.u32 s, x, 3, s;",
+            "and.b32 x, s, 0x38383838;",  # s + x: the upper 3 bits of each byte up by 1, a code a nibble
+            "add.u32 s, s, x;",
+        ]
+        halves = ([*spread, "mov.b32 h, s;"], ["shr.u32 h, s, 16;"])
     body = [regs]
     for half, outs in zip(halves, (("$0", "$4", "$2", "$6"), ("$1", "$5", "$3", "$7"))):
         body += half + lookup
@@ -325,6 +357,7 @@ def _attend_range(
     DEFER_SUMS: tl.constexpr = False,
     G: tl.constexpr = 16,
     SPARSE_V: tl.constexpr = 0.0,
+    SET_MAJOR: tl.constexpr = False,
 ):
     """Online softmax over tokens [lo, hi): returns updated (m, l, acc, w_i).
 
@@ -367,7 +400,7 @@ def _attend_range(
         k_pk = _load_packed(K, k_row0 + lo + offs, lo + offs < hi, 4, D, BLOCK_N, PRMT)
         k_sc = tl.load(KS + k_row0 + lo + offs, mask=lo + offs < hi, other=0.0)
     if V_CODES:
-        v_pk = _load_packed(V, v_row0 + lo + offs, lo + offs < hi, V_BITS, D, BLOCK_N, PRMT)
+        v_pk = _load_packed(V, v_row0 + lo + offs, lo + offs < hi, V_BITS, D, BLOCK_N, PRMT, SET_MAJOR)
         v_sc = tl.load(VS + v_row0 + lo + offs, mask=lo + offs < hi, other=0.0)
     for n0 in range(lo, hi, BLOCK_N):
         t = n0 + offs
@@ -381,7 +414,7 @@ def _attend_range(
             k_sc = tl.load(KS + k_row0 + nxt, mask=nxt < hi, other=0.0)
         if V_CODES:
             v_cur, v_scale = v_pk, v_sc
-            v_pk = _load_packed(V, v_row0 + nxt, nxt < hi, V_BITS, D, BLOCK_N, PRMT)
+            v_pk = _load_packed(V, v_row0 + nxt, nxt < hi, V_BITS, D, BLOCK_N, PRMT, SET_MAJOR)
             v_sc = tl.load(VS + v_row0 + nxt, mask=nxt < hi, other=0.0)
         if K_FMT == INT8:  # int8 has K and V int8: one word per token holds both bf16 scales (K's low half)
             sc = tl.load(KS + kr, mask=mask, other=0)
@@ -527,6 +560,7 @@ def _decode_split_kernel(
     INV_SQRT_D: tl.constexpr = 1.0,
     ROWS: tl.constexpr = 16,
     SPARSE_V: tl.constexpr = 0.0,
+    SET_MAJOR: tl.constexpr = False,
 ):
     # grid: (B * Hkv, num_splits): one program per (batch, kv head, split of [0, L)), for all G query heads
     pdl_enter(PDL)
@@ -593,7 +627,7 @@ def _decode_split_kernel(
             m_i, l_i, acc, w_i = _attend_range(
                 qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, VH, VS, CBK, CBV,
                 row0, hot_row0, 0, K_FMT, FLOAT, False, D, BLOCK_N, PRECISION, PRMT, False, False,
-                BLOCK_G, RESCALE_TAU, DEFER_SUMS, G, SPARSE_V,
+                BLOCK_G, RESCALE_TAU, DEFER_SUMS, G, SPARSE_V, SET_MAJOR,
             )  # fmt: skip
             if UNROTATE:  # plain already: the group's rows only, as the cold branch gives them
                 acc_rows = _first_rows(acc, BLOCK_G, ROWS, D)
@@ -603,7 +637,7 @@ def _decode_split_kernel(
             m_i, l_i, acc, w_i = _attend_range(
                 qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
                 row0, row0, 0, K_FMT, TURBO4, False, D, BLOCK_N, PRECISION, PRMT, False, False,
-                BLOCK_G, RESCALE_TAU, DEFER_SUMS, G, SPARSE_V,
+                BLOCK_G, RESCALE_TAU, DEFER_SUMS, G, SPARSE_V, SET_MAJOR,
             )  # fmt: skip
             if UNROTATE:
                 acc_rows = _rotate_rows(acc, s1, s2, BLOCK_G, ROWS, D, INV_SQRT_D)
@@ -613,7 +647,7 @@ def _decode_split_kernel(
         m_i, l_i, acc, w_i = _attend_range(
             qa, qb, q_unit, m_i, l_i, acc, w_i, lo, hi, K, KS, V, VS, CBK, CBV,
             row0, row0, v_cap, K_FMT, V_FMT, V_TOKEN_MAJOR, D, BLOCK_N, PRECISION, PRMT, K_F16, V_F16,
-            BLOCK_G, RESCALE_TAU, DEFER_SUMS, G, SPARSE_V,
+            BLOCK_G, RESCALE_TAU, DEFER_SUMS, G, SPARSE_V, SET_MAJOR,
         )  # fmt: skip
         if V_FMT == INT8 and V_F16:
             acc -= 1152.0 * w_i[:, None]
@@ -888,6 +922,7 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     cfg = {"block_n": 128, "num_warps": 4, "num_stages": 3, "programs_per_sm": (2, 4)}
     cfg.update(fuse_append=True, reduce_warps=None)  # None: 1 warp up to 32 splits, else 2 (`reduce_warps`)
     cfg["early_release"] = True
+    cfg["short_split"] = None  # (block, stages) for splits of two blocks (`launch_shape`); None: the config's
     if mode == "fp16":  # at batch 1, 17 splits (136 programs): 16 were 0.4% faster end to end at 2K, 0.4-0.6%
         # slower at 8K and 32K (results/2026-12-02f-h200/experiments/l2-prefetch-rope, runs 9-12)
         cfg["programs_per_sm"] = (1, 1)
@@ -903,6 +938,9 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     elif mode == "turbo3-asym":  # 3 stages at any occupancy, <= 8 programs per SM (2026-12-01, fourth session:
         # batch 16, 32K: 440 vs 484 us with 17 splits of 2 stages; 8K: 127-130 vs 142)
         cfg.update(num_stages=2, deep_stages=3, deep_any_occupancy=True, programs_per_sm=(2, 8))
+        if batch == 1:  # turbo4-asym's short split, since its 3-bit words are cheap (`v3_set_major`): at 8K,
+            # 0.9986 / 0.9989 / 0.9988 of fp16 -> 1.0031 / 1.0024 / 1.0022 (results/2026-12-03f-h200, turbo3-short)
+            cfg["short_split"] = (64, 3)
     elif mode.startswith("turbo"):
         cfg.update(num_stages=2, deep_stages=3, programs_per_sm=(2, 16))
         if batch == 1:  # splits of two 128-token blocks (8K) run 64-token blocks on 3 stages (`launch_shape`)
@@ -966,6 +1004,12 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # 0.994 -> 1.045; at 32K, batch 1: 1.018 -> 1.033, 1.008 -> 1.014, 1.005 -> 1.021, 0.994 -> 0.998; at 8K,
     # batch 1: 0.9987 -> 0.9992, 0.9976 -> 0.9993, 0.9973 -> 1.0007, 0.9901 -> 0.9911.
     cfg["hoist_lut"] = fence
+    # `v3_set_major`: a 3-bit V's code words loaded as [set, token] tiles (`_load_packed`). It changes no
+    # value, only the register layout triton gives the centroid tile, and so how that tile is stored to
+    # shared memory for its dot. Ahead of time (sm_90, turbo3-asym, 128-token blocks, 4 warps, 3 stages),
+    # triton 3.6 stores it in 16-byte stores with [set, token] tiles and in 16-bit ones with [token, set]
+    # tiles (128 STS.U16 a block), triton 3.8 the other way round; so the knob follows the version.
+    cfg["v3_set_major"] = _TRITON < (3, 8)
     # `merge_cols`: columns of D per reduction program (None: whole rows, one program per query head).
     # Fewer columns put more programs, each one warp merging every split in one pass with no barrier;
     # a turbo V's inverse rotation (which needs whole rows) then moves into the split programs. On the
@@ -1113,7 +1157,8 @@ def launch_shape(cfg: dict, programs: int, tokens_per_split: int, device=None) -
     128 at 8K; results/2026-12-03e-h200/experiments/b1-short, alternating on one lease), 64-token
     blocks on 3 stages took turbo4-asym at 8K from 0.9997 / 1.0000 / 0.9999 of fp16 to 1.0033 / 1.0033 /
     1.0036, delegated from 1.0013 / 1.0017 / 1.0023 to 1.0039 / 1.0043 / 1.0044; turbo3-asym did not move
-    (0.9981-0.9988 against 0.9983-0.9994), so it has no `short_split`. Where a split is one block (2K)
+    (0.9981-0.9988 against 0.9983-0.9994) until its 3-bit words got cheap (twenty-second session, 1296 ->
+    965 instructions a 128-token block): then from 0.9986-0.9989 to 1.0022-1.0031. Where a split is one block (2K)
     the same shape lost 0.2-0.4 points for turbo4-asym, and at 32K (8 blocks; 16 of half the size, 17%
     more instructions a token) 1.2 points (b1-shapes2): the rule applies to two-block splits only."""
     block_n, short = cfg["block_n"], cfg.get("short_split")
@@ -1378,7 +1423,7 @@ def decode_attention(
         DEFER_SUMS=bool(cfg["defer_sums"] if defer_sums is None else defer_sums),
         num_warps=num_warps, num_stages=num_stages, STAMP=stamp, UNROTATE=unrotate, ROTATE_HOT=rotate_hot,
         ROWS=triton.next_power_of_2(group), INV_SQRT_D=wht_params(dim)["INV_SQRT_D"] if unrotate or rotate_hot else 1.0,
-        SPARSE_V=math.log2(sparse_v) if sparse_v > 0 else 0.0, **pdl,
+        SPARSE_V=math.log2(sparse_v) if sparse_v > 0 else 0.0, SET_MAJOR=bool(cfg["v3_set_major"]), **pdl,
         **({"maxnreg": int(cfg["maxnreg"])} if cfg["maxnreg"] else {}),
     )  # fmt: skip
     codecs = {"k_signs": k_signs, "k_codebook": k_codebook, "k_boundaries": k_boundaries}
