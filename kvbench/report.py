@@ -582,6 +582,20 @@ def _latest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return df.drop_duplicates(subset=keys, keep="last")
 
 
+# what tells one audit cell from another (besides the mode and the check): the rows of a cell in one
+# results file are its trials
+AUDIT_CELL = ("max_kv_size", "keep", "niah_depth", "kernel", "dtype", "batch", "boundary_v", "sparse_v")
+
+
+def _latest_cells(audit: pd.DataFrame) -> pd.DataFrame:
+    """The audit with each cell's rows from the latest results file that has the cell: an audit run
+    again (merged folders) replaces the earlier run's rows instead of adding to them."""
+    keys = ["check", "kv_cache_mode", "context_tokens", *(k for k in AUDIT_CELL if k in audit.columns)]
+    ordered = audit.sort_values(["date", "_order"], kind="stable")
+    last = ordered.groupby(keys, dropna=False, sort=False)["_source"].transform("last")
+    return ordered[ordered["_source"] == last].sort_values("_order", kind="stable")
+
+
 # ---------------------------------------------------------------------------
 # Quality of one audit row
 
@@ -687,6 +701,8 @@ class Group:
         self.bench_main = b[~is_cap] if len(b) else b
         self.bench = _enrich_bench(_latest(b[~is_cap], keys) if len(b) else b)
         a = self.audit
+        if len(a):
+            self.audit = a = _latest_cells(a)
         self.greedy = _latest(a[a["check"] == "greedy"], ["kv_cache_mode", "context_tokens"]) if len(a) else a
         self.quality = {}
         for r in self.greedy.to_dict("records"):

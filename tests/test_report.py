@@ -372,6 +372,27 @@ def test_long_context_matrix(tmp_path):
         assert heading in text, heading
 
 
+def test_an_audit_run_again_replaces_its_cells(tmp_path):
+    """Folders merged where an audit ran twice: each cell counts once, the later run's (its needles
+    are not 10 trials of 5 depths, its kernel check is one row). One file's trials of a cell all count
+    (`test_quality_and_checks`: two a depth)."""
+    kernel = [r for r in audit_rows() if r["check"] == "kernel"]
+    assert kernel, "the fixture has a kernel check"
+    first = write(tmp_path / "first", audit=[*_long_context_rows(), *kernel])
+    again = [r for r in _long_context_rows() if r["kv_cache_mode"] == "fp16" and r["check"] in ("greedy", "niah")]
+    for r in again:
+        if r["check"] == "niah":
+            r["niah_hit"] = True  # the later run found every needle
+    again.append({**kernel[0], "top1_agreement": 0.5, "kl_div": 0.01})
+    text = render_report([first, write(tmp_path / "again", audit=again)], out_dir=tmp_path / "merged").read_text()
+    block = _section(text, "## Audit status matrix").split("### Long-context checks", 1)[1]
+    rows = {ln.split("|")[1].strip().strip("`"): ln for ln in block.splitlines() if ln.startswith("| `")}
+    assert rows["fp16"].rstrip(" |").endswith("| 2K, 8K 5/5")
+    assert rows["int8"].rstrip(" |").endswith("| 2K 5/5 · 8K 4/5")
+    check = text.split("Kernel checks", 1)[1]
+    assert [ln.split("|")[3].strip() for ln in check.splitlines() if ln.startswith("| `int8` | 2K |")] == ["50.0%"]
+
+
 def test_no_long_context_matrix_without_its_checks(tmp_path):
     text = render_report([write(tmp_path, audit=[_greedy("fp16", 2048, verdict="reference")])]).read_text()
     assert "Long-context checks" not in text
