@@ -275,7 +275,8 @@ def _centroids_prmt(codes, table, BITS: tl.constexpr, D: tl.constexpr, BLOCK_N: 
     4 bits, per 4 codes (a 16-bit half h of the word): selectors s = h & 0x7777 pick from
     entries 0-7 (L0:L1) and 8-15 (L2:L3); bit 3 of each code, spread to a byte mask by a
     sign-replicating prmt, chooses between them (lop3 0xD8 = m ? b : a). 3 bits: the
-    codes are spread to nibbles (bfi) and one prmt per byte plane does. A last prmt pair
+    group's 8 codes are spread to the word's nibbles (three mask-and-add steps, no per-code work)
+    and one prmt per byte plane does. A last prmt pair
     interleaves low and high bytes into fp16 pairs. Output $m holds code [0,4,2,6,1,5,3,7][m],
     the order the joins below put back in place. Checked against the gather path on a GPU
     within the kernels' tolerance (`test_prmt_lookup_matches_gather`: not bit for bit, the dots
