@@ -190,8 +190,8 @@ def _prmt_asm(bits: int) -> str:
         ]
         halves = (["mov.b32 h, $8;"], ["shr.u32 h, $8, 16;"])
     else:  # 3-bit: the 24-bit group's codes spread to the word's 8 nibbles, then one table half
-        regs = ".reg .b32 h, s, x, lo, hi, p0, p1;"
-        lookup = ["prmt.b32 lo, $9, $10, h;", "prmt.b32 hi, $13, $14, h;"]
+        regs = ".reg .b32 s, x, lo, hi, p0, p1;"
+        lookup = ["prmt.b32 lo, $9, $10, s;", "prmt.b32 hi, $13, $14, s;"]  # selectors: s's low 16 bits
         spread = [
             "and.b32 x, $8, 0xFFF000;",  # codes 4-7 from bit 12 to bit 16: 4 codes in each 16-bit half
             "and.b32 s, $8, 0xFFF;",
@@ -202,7 +202,7 @@ def _prmt_asm(bits: int) -> str:
             "and.b32 x, s, 0x38383838;",  # s + x: the upper 3 bits of each byte up by 1, a code a nibble
             "add.u32 s, s, x;",
         ]
-        halves = ([*spread, "mov.b32 h, s;"], ["shr.u32 h, s, 16;"])
+        halves = (spread, ["shr.u32 s, s, 16;"])
     body = [regs]
     for half, outs in zip(halves, (("$0", "$4", "$2", "$6"), ("$1", "$5", "$3", "$7"))):
         body += half + lookup
@@ -1159,8 +1159,8 @@ def launch_shape(cfg: dict, programs: int, tokens_per_split: int, device=None) -
     blocks on 3 stages took turbo4-asym at 8K from 0.9997 / 1.0000 / 0.9999 of fp16 to 1.0033 / 1.0033 /
     1.0036, delegated from 1.0013 / 1.0017 / 1.0023 to 1.0039 / 1.0043 / 1.0044; turbo3-asym did not move
     (0.9981-0.9988 against 0.9983-0.9994) until its 3-bit words got cheap (twenty-second session, 1296 ->
-    965 instructions a 128-token block): then from 0.9986-0.9989 to 1.0022-1.0031. Where a split is one block (2K)
-    the same shape lost 0.2-0.4 points for turbo4-asym, and at 32K (8 blocks; 16 of half the size, 17%
+    972 instructions a 128-token block): then from 0.9986-0.9989 to 1.0022-1.0031. Where a split is one
+    block (2K) the same shape lost 0.2-0.4 points for turbo4-asym, and at 32K (8 blocks; 16 of half the size, 17%
     more instructions a token) 1.2 points (b1-shapes2): the rule applies to two-block splits only."""
     block_n, short = cfg["block_n"], cfg.get("short_split")
     if short and block_n < tokens_per_split <= 2 * block_n:

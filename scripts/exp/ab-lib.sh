@@ -18,13 +18,18 @@ ab_run() {
 }
 
 # ab_runs "RUNS" MODES: each variant:contexts:batch of RUNS in order, an ab_run under ${V[variant]} (the
-# caller's associative array of KVBENCH_ATTN_CONFIG values), numbered from $RUN0 + 1, skipped past BUDGET_S
+# caller's associative array of KVBENCH_ATTN_CONFIG values), numbered from $RUN0 + 1, skipped past BUDGET_S.
+# $OLD_TREE: a folder holding another checkout's kvbench/ and scripts/exp/; variant `old` runs from there.
 ab_runs() {
   local n=${RUN0:-0} run v ctx batch
   for run in $1; do
     IFS=: read -r v ctx batch <<< "$run"; n=$((n + 1))
     [ $SECONDS -gt ${BUDGET_S:-520} ] && { echo "run $n skipped: time"; continue; }
-    ab_run $n "${V[$v]}" $ctx $batch $2 $v
+    if [ $v = old ] && [ -n "${OLD_TREE:-}" ]; then
+      (cd $OLD_TREE && PYTHONPATH=$PWD ab_run $n "${V[$v]}" $ctx $batch $2 $v)
+    else
+      ab_run $n "${V[$v]}" $ctx $batch $2 $v
+    fi
   done
 }
 

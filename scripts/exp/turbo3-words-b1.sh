@@ -19,14 +19,5 @@ stamps() {  # stamps VARIANT
 }
 for v in old new tm; do stamps $v; done
 RUNS=${RUNS:-"old:8k:1 new:8k:1 tm:8k:1 old:8k:1 new:8k:1 tm:8k:1"}
-n=0
-for run in $RUNS; do
-  IFS=: read -r v ctx batch <<< "$run"; n=$((n + 1))
-  [ $SECONDS -gt ${BUDGET_S:-520} ] && { echo "run $n skipped: time"; continue; }
-  if [ $v = old ]; then
-    (cd .gpu/old && PYTHONPATH=$PWD ab_run $n "${V[$v]}" $ctx $batch ${MODES:-fp16,turbo3-asym} $v)
-  else
-    ab_run $n "${V[$v]}" $ctx $batch ${MODES:-fp16,turbo3-asym} $v
-  fi
-done
+OLD_TREE=.gpu/old ab_runs "$RUNS" ${MODES:-fp16,turbo3-asym}
 (cd $OUT && tar czf turbo3-words-b1.tgz r && rm -rf r)

@@ -15,14 +15,5 @@ TESTS=${TESTS:-"three_bit or (prmt_lookup and turbo3) or (test_decode_attention 
 ab_tests tests/test_kernels.py tests/test_fast_decode.py
 declare -A V=([old]='{}' [new]='{}' [ss]=$(some turbo3-asym '{"short_split": [64, 3]}'))
 RUNS=${RUNS:-"old:8k,32k:1 new:8k,32k:1 ss:8k:1 old:8k,32k:1 new:8k,32k:1 ss:8k:1 old:8k:1 new:8k:1 ss:8k:1 old:32k:16 new:32k:16"}
-n=0
-for run in $RUNS; do
-  IFS=: read -r v ctx batch <<< "$run"; n=$((n + 1))
-  [ $SECONDS -gt ${BUDGET_S:-520} ] && { echo "run $n skipped: time"; continue; }
-  if [ $v = old ]; then
-    (cd .gpu/old && PYTHONPATH=$PWD ab_run $n "${V[$v]}" $ctx $batch ${MODES:-fp16,turbo3-asym} $v)
-  else
-    ab_run $n "${V[$v]}" $ctx $batch ${MODES:-fp16,turbo3-asym} $v
-  fi
-done
+OLD_TREE=.gpu/old ab_runs "$RUNS" ${MODES:-fp16,turbo3-asym}
 (cd $OUT && tar czf turbo3-words.tgz r && rm -rf r)
