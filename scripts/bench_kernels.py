@@ -319,7 +319,7 @@ def bench_mode(name, b, length, dtype, device, cod, configs, append="none"):
         ws = DecodeWorkspace.for_cache(mode, q, HKV, length, cfg["num_splits"], cfg["block_n"])
         tune = {k: v for k, v in cfg.items() if k not in ("num_splits", "nearest")}
         if tune["num_stages"] is None:  # the launcher's rule, resolved here to be printed
-            base = {**default_config(mode, batch=b), "block_n": cfg["block_n"]}
+            base = {**default_config(mode, batch=b, capacity=length), "block_n": cfg["block_n"]}
             tune["num_stages"] = launch_stages(base, b * HKV * ws.num_splits, math.ceil(length / ws.num_splits), device)
 
         def call(bufs, ws=ws, tune=tune):
@@ -529,8 +529,8 @@ def run(args):
         rows.append({"batch": b, "context": length, "kernel": "torch-sdpa-fp16", "us": sdpa_us, "kv_bytes": sdpa_bytes})
         print(f"{b:5} {length:7} {'torch-sdpa-fp16':17} {sdpa_us:8.1f} {sdpa_bytes / sdpa_us / 1e6:6.2f} {1:7.2f}")
         for mode in modes:
-            cfg = default_config(kernel_mode(mode)[0], batch=b)
-            pps, nearest = cfg.pop("programs_per_sm"), cfg.pop("nearest", False)
+            cfg = default_config(kernel_mode(mode)[0], batch=b, capacity=length)
+            pps, nearest, floor = cfg.pop("programs_per_sm"), cfg.pop("nearest", False), cfg["split_tokens"]
             not_split_knobs = ("deep_stages", "deep_any_occupancy", "fuse_append", "reduce_warps", "hot_in_budget")
             not_split_knobs += tuple(VARIANTS_KEYS)
             for key in not_split_knobs:
@@ -540,7 +540,7 @@ def run(args):
             cfg["rotated_out"] = bool(cfg.pop("fold_v", False))
             cfg = {k: v for k, v in cfg.items() if k in LAUNCH_ARGS}
             cfg["num_stages"] = None  # as the launcher picks it (launch_stages)
-            default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, pps, nearest)
+            default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, pps, nearest, floor)
             configs = [{"num_splits": None, **cfg}]
             if args.tune and args.configs:
                 configs += [explicit_config(c, b, length, pps, nearest, device) for c in args.configs.split(",")]
@@ -559,10 +559,10 @@ def run(args):
                 cfg_s = " ".join(f"{k}={v}" for k, v in c.items() if k != "resources") + f"  {c['resources']}"
                 name = mode if label == "default" else "  tuned"
                 print(f"{b:5} {length:7} {name:17} {t:8.1f} {nbytes / t / 1e6:6.2f} {sdpa_us / t:7.2f}  {cfg_s}")
-            if args.tune:  # splits/BLOCK_N/warps/stages of the five fastest
-                top = sorted(results[1:], key=lambda r: r[1])[:5]
+            if args.tune:  # splits/BLOCK_N/warps/stages of the five fastest (of every one given by --configs)
+                top = sorted(results[1:], key=lambda r: r[1])[: None if args.configs else 5]
                 print(
-                    "        top 5:",
+                    f"        top {len(top)}:",
                     "; ".join(f"{'/'.join(str(v) for k, v in c.items() if k != 'resources')} {t:.1f}" for c, t in top),
                 )
     print("\n== quantize-on-write of one decode token (K and V, all heads), one layer ==")

@@ -877,10 +877,11 @@ def choose_num_splits(
     device=None,
     programs_per_sm=(2, 4),
     nearest: bool = False,
+    min_tokens: int = 1024,
 ) -> int:
     """Splits of the token axis, from the capacity (the grid is fixed while L grows).
 
-    At least lo programs per SM, and up to hi per SM while splits keep >= 1024 tokens
+    At least lo programs per SM, and up to hi per SM while splits keep >= `min_tokens` tokens
     (at large batch more programs balance the SMs; at batch 1 short splits only add
     merge work); never fewer than 1 block of BLOCK_N per split (at 2K, batch 1, every mode
     ran faster with 16 one-block splits than with 8 of two blocks: fp16 9.5 -> 8.8 us,
@@ -895,11 +896,11 @@ def choose_num_splits(
     def per_row(programs):  # splits that put `programs` programs on every SM
         return max(1, (programs * sms + rows // 2) // rows) if nearest else triton.cdiv(programs * sms, rows)
 
-    splits = max(min(per_row(hi), triton.cdiv(capacity, 1024)), per_row(lo))
+    splits = max(min(per_row(hi), triton.cdiv(capacity, min_tokens)), per_row(lo))
     return max(1, min(splits, triton.cdiv(capacity, block_n), 256))
 
 
-def default_config(mode: str, *, overrides: bool = True, batch: int | None = None) -> dict:
+def default_config(mode: str, *, overrides: bool = True, batch: int | None = None, capacity: int | None = None) -> dict:
     """Launch defaults per mode, from sweeps on an H200 (Hq=32, Hkv=8, D=128, bf16; B=1 at
     8K and 32K, B=16 at 32K; see scripts/bench_kernels.py --tune [--grid wide]). fp16
     streams best with ~1 program per SM; the quantized formats want 2 or more to hide
@@ -907,6 +908,7 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     programs per SM, run in waves) and, at batch 1, from a third pipeline stage
     (`deep_stages`: used while the grid leaves room for it, see `launch_stages`).
     `batch`: the decode batch, where a mode's best shape depends on it (delegated at 1).
+    `capacity`: the cache's slots, where it does (raw turbo4 from 16K on); None: unknown.
 
     The reduction runs one warp per (batch, query head), two past 32 splits so that it
     merges them in one pass (`auto_reduce_warps`), and stores the fresh token itself
@@ -924,6 +926,7 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     cfg.update(fuse_append=True, reduce_warps=None)  # None: 1 warp up to 32 splits, else 2 (`reduce_warps`)
     cfg["early_release"] = True
     cfg["short_split"] = None  # (block, stages) for splits of two blocks (`launch_shape`); None: the config's
+    cfg["split_tokens"] = 1024  # `choose_num_splits`' min_tokens: past lo programs an SM, splits keep this many
     if mode == "fp16":  # at batch 1, 17 splits (136 programs): 16 were 0.4% faster end to end at 2K, 0.4-0.6%
         # slower at 8K and 32K (results/2026-12-02f-h200/experiments/l2-prefetch-rope, runs 9-12)
         cfg["programs_per_sm"] = (1, 1)
@@ -1050,7 +1053,16 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # values up to |v| ~ 32000; turbo3-asym's tau = 6 holds V norms up to ~1000 (measured at 8, then at 6).
     lazy, defer = {"fp16": (8.0, True), "int8": (8.0, True), "turbo3-asym": (6.0, False)}.get(mode, (0.0, False))
     cfg.update(rescale_tau=lazy, defer_sums=defer)
-    cfg = {**cfg, **config_overrides().get(mode, {})} if overrides else cfg
+    # `long_shape`: knobs over the mode's own for caches of at least `long_capacity` slots (an override
+    # of a knob wins over it). turbo4: one-warp programs of 32-token blocks, 8 an SM at batch 1 (132
+    # splits at 32K) and up to 32 splits at batch 16. ...
+    cfg["long_capacity"] = 16384
+    cfg["long_shape"] = {"block_n": 32, "num_warps": 1, "programs_per_sm": (8, 32)} if mode == "turbo4" else {}
+    asked = config_overrides().get(mode, {}) if overrides else {}
+    cfg = {**cfg, **asked}
+    if capacity is not None and capacity >= cfg["long_capacity"]:
+        long = {k: v for k, v in cfg["long_shape"].items() if k not in asked}
+        cfg.update(long, programs_per_sm=tuple(long.get("programs_per_sm", cfg["programs_per_sm"])))
     if "merge_cols" not in cfg:
         cfg["merge_cols"] = 32 if batch == 1 and (mode == "fp16" or cfg["fold_v"]) else None
     return cfg
@@ -1202,15 +1214,10 @@ class DecodeWorkspace:
     def for_cache(cls, mode: str, q: torch.Tensor, n_kv_heads: int, capacity: int, num_splits=None, block_n=None):
         """Workspace for decoding `q` [B, Hq, D] against a cache of `capacity` slots."""
         b, hq, dim = q.shape
-        cfg = default_config(mode, batch=b)
+        cfg = default_config(mode, batch=b, capacity=capacity)
         block_n = block_n or cfg["block_n"]
-        s = (
-            num_splits
-            or cfg["splits"]
-            or choose_num_splits(
-                b, n_kv_heads, capacity, block_n, q.device, cfg["programs_per_sm"], cfg.get("nearest", False)
-            )
-        )
+        pps, nearest = cfg["programs_per_sm"], cfg.get("nearest", False)
+        s = num_splits or cfg["splits"] or choose_num_splits(b, n_kv_heads, capacity, block_n, q.device, pps, nearest, cfg["split_tokens"])
         delegated = FORMATS[mode][1] == "delegated"
         if delegated:  # the last split takes the hot window. Counted in the budget, the grid keeps
             # 2 programs per SM at batch 1 (264 on an H200); one more on top put a third on 8 SMs
@@ -1358,15 +1365,15 @@ def decode_attention(
     if not 0.0 <= sparse_v < 1.0:
         raise ValueError(f"sparse_v must be in [0, 1), got {sparse_v}")
     b, hq, dim = q.shape
-    cfg = default_config(mode, batch=b)
+    kf, vf = FORMATS[mode]
+    k = buffers["k_codes"] if kf == "turbo4" else buffers["k"]
+    hkv, cap = k.shape[1], k.shape[2]
+    cfg = default_config(mode, batch=b, capacity=cap)
     if block_n is not None:  # the caller's block: no `short_split` (its split count was chosen for it)
         cfg["short_split"] = None
     block_n = block_n or cfg["block_n"]
     num_warps = num_warps or cfg["num_warps"]
-    kf, vf = FORMATS[mode]
     dev = q.device
-    k = buffers["k_codes"] if kf == "turbo4" else buffers["k"]
-    hkv, cap = k.shape[1], k.shape[2]
     group = hq // hkv
     if workspace is None:
         workspace = DecodeWorkspace.for_cache(mode, q, hkv, cap, num_splits, block_n)
