@@ -1055,7 +1055,15 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     cfg.update(rescale_tau=lazy, defer_sums=defer)
     # `long_shape`: knobs over the mode's own for caches of at least `long_capacity` slots (an override
     # of a knob wins over it). turbo4: one-warp programs of 32-token blocks, 8 an SM at batch 1 (132
-    # splits at 32K) and up to 32 splits at batch 16. ...
+    # splits at 32K) and 33 splits at 32K, batch 16 (the 1024-token floor, `split_tokens`). Its 64-token,
+    # 2-warp default dates from a sweep before `lut_regs`, `dot_fence` and `hoist_lut`. On the H200
+    # (results/2026-12-03g-h200/experiments), attention + append alone at 32K: 36.3 -> 33.1 us at batch 1,
+    # 457.1 -> 378.9 us at batch 16 (34 splits; 446.9 with 17); end to end, alternating on one lease, ratio
+    # to fp16 at 32K 0.9978 / 0.9968 -> 1.0174 / 1.0172 (batch 1) and 1.0404 / 1.0401 -> 1.1581 / 1.1578
+    # (batch 16); at 16K 0.9978 -> 1.0040 / 1.0037 and 1.0366 -> 1.0707. At 8K it lost (0.9914 -> 0.9902 at
+    # batch 1, 0.9973 -> 0.9689 at batch 16, 9 splits), hence the threshold. 50 splits at 32K, batch 16
+    # (`split_tokens` 512) read 1.1682 / 1.1679 against 1.1599 / 1.1592, 65 splits 1.1521 / 1.1520; not taken
+    # (16K not measured with it).
     cfg["long_capacity"] = 16384
     cfg["long_shape"] = {"block_n": 32, "num_warps": 1, "programs_per_sm": (8, 32)} if mode == "turbo4" else {}
     asked = config_overrides().get(mode, {}) if overrides else {}
@@ -1217,7 +1225,11 @@ class DecodeWorkspace:
         cfg = default_config(mode, batch=b, capacity=capacity)
         block_n = block_n or cfg["block_n"]
         pps, nearest = cfg["programs_per_sm"], cfg.get("nearest", False)
-        s = num_splits or cfg["splits"] or choose_num_splits(b, n_kv_heads, capacity, block_n, q.device, pps, nearest, cfg["split_tokens"])
+        s = (
+            num_splits
+            or cfg["splits"]
+            or choose_num_splits(b, n_kv_heads, capacity, block_n, q.device, pps, nearest, cfg["split_tokens"])
+        )
         delegated = FORMATS[mode][1] == "delegated"
         if delegated:  # the last split takes the hot window. Counted in the budget, the grid keeps
             # 2 programs per SM at batch 1 (264 on an H200); one more on top put a third on 8 SMs
