@@ -635,6 +635,9 @@ def test_choose_num_splits():
     assert choose_num_splits(16, 8, 32768, programs_per_sm=(2, 2), nearest=True) == 2
     assert choose_num_splits(1, 8, 32768, programs_per_sm=(2, 2), nearest=True) == 33
     assert choose_num_splits(16, 8, 32768, programs_per_sm=(2, 16)) == 17  # turbo at batch 16: short splits
+    # the token floor caps hi: 64 programs an SM would be 66 splits; 32 keep >= 1024 tokens, 64 keep >= 512
+    assert choose_num_splits(16, 8, 32768, programs_per_sm=(8, 64)) == 32
+    assert choose_num_splits(16, 8, 32768, programs_per_sm=(8, 64), min_tokens=512) == 64
 
 
 def test_launch_stages():
