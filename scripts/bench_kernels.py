@@ -395,10 +395,10 @@ def tuning_grid(grid, splits, shape=(128, 4)):
     ]
 
 
-def explicit_config(spec, b, length, programs_per_sm, nearest, device):
+def explicit_config(spec, b, length, programs_per_sm, nearest, device, min_tokens=1024):
     """{num_splits, block_n, num_warps, num_stages} from "BLOCK_N/WARPS/STAGES[/SPLITS]"."""
     n, w, st, *rest = (int(v) for v in spec.split("/"))
-    splits = rest[0] if rest else choose_num_splits(b, HKV, length, n, device, programs_per_sm, nearest)
+    splits = rest[0] if rest else choose_num_splits(b, HKV, length, n, device, programs_per_sm, nearest, min_tokens)
     return {"num_splits": splits, "block_n": n, "num_warps": w, "num_stages": st}
 
 
@@ -543,7 +543,7 @@ def run(args):
             default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, pps, nearest, floor)
             configs = [{"num_splits": None, **cfg}]
             if args.tune and args.configs:
-                configs += [explicit_config(c, b, length, pps, nearest, device) for c in args.configs.split(",")]
+                configs += [explicit_config(c, b, length, pps, nearest, device, floor) for c in args.configs.split(",")]
             elif args.tune:
                 configs += tuning_grid(args.grid, default_splits, (cfg["block_n"], cfg["num_warps"]))
             configs = [{"rotated_out": cfg["rotated_out"], **c} for c in configs]

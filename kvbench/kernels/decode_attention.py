@@ -1069,8 +1069,7 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     asked = config_overrides().get(mode, {}) if overrides else {}
     cfg = {**cfg, **asked}
     if capacity is not None and capacity >= cfg["long_capacity"]:
-        long = {k: v for k, v in cfg["long_shape"].items() if k not in asked}
-        cfg.update(long, programs_per_sm=tuple(long.get("programs_per_sm", cfg["programs_per_sm"])))
+        cfg.update({k: v for k, v in cfg["long_shape"].items() if k not in asked})
     if "merge_cols" not in cfg:
         cfg["merge_cols"] = 32 if batch == 1 and (mode == "fp16" or cfg["fold_v"]) else None
     return cfg
@@ -1151,8 +1150,9 @@ def _parse_overrides(raw: str) -> dict:
         bad = sorted(set(knobs) - known)
         if bad:
             raise KvbenchError(f"{CONFIG_ENV}: unknown knob(s) {', '.join(bad)} (knobs: {', '.join(sorted(known))})")
-        if "programs_per_sm" in knobs:
-            knobs["programs_per_sm"] = tuple(knobs["programs_per_sm"])
+        for shape in (knobs, knobs.get("long_shape") or {}):  # JSON lists as the tuples the defaults hold
+            if "programs_per_sm" in shape:
+                shape["programs_per_sm"] = tuple(shape["programs_per_sm"])
     return data
 
 
