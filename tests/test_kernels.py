@@ -171,7 +171,7 @@ DECODE_CASES = [
 if GPU:  # compiled kernels only: bf16, and the shapes of the audit's default model and of Llama-3.1-8B
     DECODE_CASES += [
         (1, 3, 3, 64, 32770, 32833, BF16, None),
-        (2, 8, 4, 128, 20001, 20480, BF16, None),  # Llama-3.1-8B's heads past turbo4's `long_capacity`
+        (2, 8, 4, 128, 20001, 20480, BF16, None),  # Llama-3.1-8B's heads past `long_capacity` (turbo4, turbo3-asym)
         (1, 8, 4, 128, 8191, 8256, BF16, None),
         (4, 8, 4, 128, 2049, 2200, F16, None),
     ]
@@ -687,33 +687,45 @@ def test_short_split_reaches_the_split_launch(mode, seed, monkeypatch):
 
 
 def test_long_shape_follows_the_capacity(monkeypatch):
-    """Raw turbo4 takes one-warp programs of 32-token blocks for caches of at least `long_capacity` slots
-    (8 an SM at batch 1: 132 splits at 32K; 32 splits at 32K, batch 16, the 1024-token floor), its own
-    shape below that and where the capacity is not known; an override of a knob wins over the long shape."""
+    """Raw turbo4 and turbo3-asym take one-warp programs of 32-token blocks for caches of at least
+    `long_capacity` slots (8 an SM at batch 1: 132 splits at 32K; up to 32 an SM at batch 16, turbo4's splits
+    >= 512 tokens, turbo3-asym's >= 1024), their own shapes below that and where the capacity is not known; an
+    override of a knob wins over the long shape."""
     shape = ("block_n", "num_warps", "num_stages", "programs_per_sm")
     assert [default_config("turbo4", batch=1, capacity=32833)[k] for k in shape] == [32, 1, 2, (8, 32)]
+    long3 = default_config("turbo3-asym", batch=16, capacity=16448)
+    assert [long3[k] for k in (*shape, "deep_stages")] == [32, 1, 2, (8, 32), None]
     for cap in (None, 8256, 16383):
         assert [default_config("turbo4", batch=16, capacity=cap)[k] for k in shape] == [64, 2, 2, (4, 16)]
-    for mode in ("fp16", "int8", "turbo4-asym", "turbo3-asym", "turbo4-delegated"):  # no long shape
+        short3 = default_config("turbo3-asym", batch=16, capacity=cap)
+        assert [short3[k] for k in (*shape, "deep_stages")] == [128, 4, 2, (2, 8), 3]
+    for mode in ("fp16", "int8", "turbo4-asym", "turbo4-delegated"):  # no long shape
         assert default_config(mode, batch=1, capacity=32833) == default_config(mode, batch=1), mode
-    cfg = default_config("turbo4", batch=16, capacity=32833)
-    pick = [cfg[k] for k in ("block_n", "programs_per_sm", "split_tokens")]
-    assert choose_num_splits(16, 8, 32833, *pick[:1], None, pick[1], False, pick[2]) == 33  # cdiv(32833, 1024)
-    assert choose_num_splits(1, 8, 32833, *pick[:1], None, pick[1], False, pick[2]) == 132
+
+    def splits(mode, batch, cap):
+        cfg = default_config(mode, batch=batch, capacity=cap)
+        pick = [cfg[k] for k in ("block_n", "programs_per_sm", "split_tokens")]
+        return choose_num_splits(batch, 8, cap, pick[0], None, pick[1], False, pick[2])
+
+    assert splits("turbo4", 16, 32833) == 33  # 32 programs an SM
+    assert splits("turbo4", 16, 16448) == 33  # cdiv(16448, 512)
+    assert splits("turbo3-asym", 16, 16448) == 17  # cdiv(16448, 1024)
+    assert splits("turbo4", 1, 32833) == splits("turbo3-asym", 1, 32833) == 132
     monkeypatch.setenv("KVBENCH_ATTN_CONFIG", '{"turbo4": {"block_n": 64, "long_shape": {"num_warps": 2}}}')
     assert [default_config("turbo4", batch=1, capacity=32833)[k] for k in shape] == [64, 2, 2, (4, 16)]
 
 
-def test_long_shape_reaches_the_split_launch(seed, monkeypatch):
-    """The launcher gives turbo4's split kernel the long shape's block and warps where the cache's capacity
+@pytest.mark.parametrize("mode, own", [("turbo4", (64, 2)), ("turbo3-asym", (128, 4))])
+def test_long_shape_reaches_the_split_launch(mode, own, seed, monkeypatch):
+    """The launcher gives the split kernel (raw turbo4's, turbo3-asym's) the long shape's block and warps where the cache's capacity
     reaches `long_capacity` (lowered here by KVBENCH_ATTN_CONFIG), and the output matches the reference."""
     launches = spy_split_launches(monkeypatch, lambda kw: (kw["BLOCK_N"], kw["num_warps"]))
     for long_capacity in (10**9, 64):
-        monkeypatch.setenv("KVBENCH_ATTN_CONFIG", f'{{"turbo4": {{"long_capacity": {long_capacity}}}}}')
-        out, expected = run_decode("turbo4", 1, 2, 4, 64, 150, 160, F16, None)
+        monkeypatch.setenv("KVBENCH_ATTN_CONFIG", f'{{"{mode}": {{"long_capacity": {long_capacity}}}}}')
+        out, expected = run_decode(mode, 1, 2, 4, 64, 150, 160, F16, None)
         assert not out.isnan().any(), f"seed {seed}: unwritten or poisoned output"
-        assert max_rel(out, expected) < tolerance("turbo4", F16), f"seed {seed}"
-    assert launches == [(64, 2), (32, 1)]
+        assert max_rel(out, expected) < tolerance(mode, F16), f"seed {seed}"
+    assert launches == [own, (32, 1)]
 
 
 @pytest.mark.parametrize("set_major", [False, True])

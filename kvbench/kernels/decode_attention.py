@@ -908,7 +908,7 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     programs per SM, run in waves) and, at batch 1, from a third pipeline stage
     (`deep_stages`: used while the grid leaves room for it, see `launch_stages`).
     `batch`: the decode batch, where a mode's best shape depends on it (delegated at 1).
-    `capacity`: the cache's slots, where it does (raw turbo4 from 16K on); None: unknown.
+    `capacity`: the cache's slots, where it does (raw turbo4 and turbo3-asym from 16K on); None: unknown.
 
     The reduction runs one warp per (batch, query head), two past 32 splits so that it
     merges them in one pass (`auto_reduce_warps`), and stores the fresh token itself
@@ -1062,10 +1062,22 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # to fp16 at 32K 0.9978 / 0.9968 -> 1.0174 / 1.0172 (batch 1) and 1.0404 / 1.0401 -> 1.1581 / 1.1578
     # (batch 16); at 16K 0.9978 -> 1.0040 / 1.0037 and 1.0366 -> 1.0707. At 8K it lost (0.9914 -> 0.9902 at
     # batch 1, 0.9973 -> 0.9689 at batch 16, 9 splits), hence the threshold. 50 splits at 32K, batch 16
-    # (`split_tokens` 512) read 1.1682 / 1.1679 against 1.1599 / 1.1592, 65 splits 1.1521 / 1.1520; not taken
-    # (16K not measured with it).
+    # (`split_tokens` 512) read 1.1682 / 1.1679 against 1.1599 / 1.1592, 65 splits 1.1521 / 1.1520.
+    # Twenty-fourth session (results/2026-12-03h-h200/experiments, alternating on one lease):
+    # - turbo4's `split_tokens` 512 in the long shape: 33 splits at 16K, batch 16 (17 with 1024), 1.0922 ->
+    #   1.1365 of fp16; at 32K, batch 16 the split count is 33 either way (1.1768 / 1.1784 -> 1.1783 / 1.1807).
+    # - turbo3-asym takes the one-warp shape too (2 stages, no third): ratio to fp16 at 32K 1.0312 -> 1.0437
+    #   (batch 1), 1.2338 -> 1.3009 (batch 4), 1.1538 -> 1.2288 (batch 16); at 16K 1.0072 -> 1.0180, 1.1446 ->
+    #   1.1896, 1.1039 / 1.1037 -> 1.1240 / 1.1239; at 8K, batch 16 it lost (1.0859 -> 1.0393).
+    # - turbo4-asym and delegated did not gain from it at 32K (turbo4-asym 1.0329 -> 1.0215 at batch 1,
+    #   1.2334 -> 1.2177 at batch 4; delegated 1.0198 -> 1.0291 and 1.2252 -> 1.2153; both slower at batch 16,
+    #   attention + append alone, twenty-third session), so they keep their own.
     cfg["long_capacity"] = 16384
-    cfg["long_shape"] = {"block_n": 32, "num_warps": 1, "programs_per_sm": (8, 32)} if mode == "turbo4" else {}
+    one_warp = {"block_n": 32, "num_warps": 1, "programs_per_sm": (8, 32)}
+    cfg["long_shape"] = {
+        "turbo4": {**one_warp, "split_tokens": 512},
+        "turbo3-asym": {**one_warp, "num_stages": 2, "deep_stages": None},
+    }.get(mode, {})
     asked = config_overrides().get(mode, {}) if overrides else {}
     cfg = {**cfg, **asked}
     if capacity is not None and capacity >= cfg["long_capacity"]:
