@@ -688,8 +688,8 @@ def test_short_split_reaches_the_split_launch(mode, seed, monkeypatch):
 
 def test_long_shape_follows_the_capacity(monkeypatch):
     """Raw turbo4 and turbo3-asym take one-warp programs of 32-token blocks for caches of at least
-    `long_capacity` slots (8 an SM at batch 1: 132 splits at 32K; up to 32 an SM at batch 16, turbo4's splits
-    >= 512 tokens, turbo3-asym's >= 1024), their own shapes below that and where the capacity is not known; an
+    `long_capacity` slots (8 an SM at batch 1: 132 splits at 32K; up to 32 an SM at larger batches while
+    splits keep >= 512 tokens), their own shapes below that and where the capacity is not known; an
     override of a knob wins over the long shape."""
     shape = ("block_n", "num_warps", "num_stages", "programs_per_sm")
     assert [default_config("turbo4", batch=1, capacity=32833)[k] for k in shape] == [32, 1, 2, (8, 32)]
@@ -707,10 +707,13 @@ def test_long_shape_follows_the_capacity(monkeypatch):
         pick = [cfg[k] for k in ("block_n", "programs_per_sm", "split_tokens")]
         return choose_num_splits(batch, 8, cap, pick[0], None, pick[1], False, pick[2])
 
-    assert splits("turbo4", 16, 32833) == 33  # 32 programs an SM
-    assert splits("turbo4", 16, 16448) == 33  # cdiv(16448, 512)
-    assert splits("turbo3-asym", 16, 16448) == 17  # cdiv(16448, 1024)
-    assert splits("turbo4", 1, 32833) == splits("turbo3-asym", 1, 32833) == 132
+    assert splits("turbo4", 16, 16448) == splits("turbo3-asym", 16, 16448) == 33  # cdiv(16448, 512)
+    for mode in ("turbo4", "turbo3-asym"):
+        assert splits(mode, 1, 32833) == 132
+        assert splits(mode, 8, 16448) == 33  # cdiv(16448, 512)
+        assert splits(mode, 8, 32833) == 65  # cdiv(32833, 512), under 32 programs an SM (66)
+        assert splits(mode, 16, 32833) == 33  # 32 programs an SM
+        assert splits(mode, 47, 32833) == 12
     monkeypatch.setenv("KVBENCH_ATTN_CONFIG", '{"turbo4": {"block_n": 64, "long_shape": {"num_warps": 2}}}')
     assert [default_config("turbo4", batch=1, capacity=32833)[k] for k in shape] == [64, 2, 2, (4, 16)]
 

@@ -1064,11 +1064,18 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # batch 1, 0.9973 -> 0.9689 at batch 16, 9 splits), hence the threshold. 50 splits at 32K, batch 16
     # (`split_tokens` 512) read 1.1682 / 1.1679 against 1.1599 / 1.1592, 65 splits 1.1521 / 1.1520.
     # Twenty-fourth session (results/2026-12-03h-h200/experiments, alternating on one lease):
-    # - turbo4's `split_tokens` 512 in the long shape: 33 splits at 16K, batch 16 (17 with 1024), 1.0922 ->
-    #   1.1365 of fp16; at 32K, batch 16 the split count is 33 either way (1.1768 / 1.1784 -> 1.1783 / 1.1807).
+    # - turbo4's `split_tokens` 512 in the long shape (call 2): 33 splits at 16K, batch 16 (17 with 1024),
+    #   1.0922 -> 1.1365 of fp16; at 32K, batch 16 the split count is 33 either way (1.1768 / 1.1784 -> 1.1783 /
+    #   1.1807).
     # - turbo3-asym takes the one-warp shape too (2 stages, no third): ratio to fp16 at 32K 1.0312 -> 1.0437
     #   (batch 1), 1.2338 -> 1.3009 (batch 4), 1.1538 -> 1.2288 (batch 16); at 16K 1.0072 -> 1.0180, 1.1446 ->
     #   1.1896, 1.1039 / 1.1037 -> 1.1240 / 1.1239; at 8K, batch 16 it lost (1.0859 -> 1.0393).
+    # - Both keep splits of >= 512 tokens in the long shape (call 3, `def` 512 / 1024 against the other): at
+    #   16K the split count doubles at batch 8 and 16 (17 -> 33: 1.03 -> 2.0 waves of the 1056 one-warp programs
+    #   an H200 holds at batch 8). turbo3-asym 1.1131 -> 1.1947 (batch 8), 1.1236 / 1.1236 -> 1.1636 / 1.1645
+    #   (batch 16); turbo4 1.0526 -> 1.1435, 1.0912 / 1.0905 -> 1.1385 / 1.1369. At 32K, batch 8 (33 -> 65
+    #   splits) both lose: turbo3-asym 1.2546 -> 1.2369, turbo4 1.2117 -> 1.2054. At 32K, batch 1, 16 and the
+    #   largest batch the split count is the same either way.
     # - turbo4-asym and delegated did not gain from it at 32K (turbo4-asym 1.0329 -> 1.0215 at batch 1,
     #   1.2334 -> 1.2177 at batch 4; delegated 1.0198 -> 1.0291 and 1.2252 -> 1.2153; both slower at batch 16,
     #   attention + append alone, twenty-third session), so they keep their own.
@@ -1076,7 +1083,7 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     one_warp = {"block_n": 32, "num_warps": 1, "programs_per_sm": (8, 32)}
     cfg["long_shape"] = {
         "turbo4": {**one_warp, "split_tokens": 512},
-        "turbo3-asym": {**one_warp, "num_stages": 2, "deep_stages": None},
+        "turbo3-asym": {**one_warp, "num_stages": 2, "deep_stages": None, "split_tokens": 512},
     }.get(mode, {})
     asked = config_overrides().get(mode, {}) if overrides else {}
     cfg = {**cfg, **asked}
