@@ -702,10 +702,8 @@ def test_long_shape_follows_the_capacity(monkeypatch):
     for mode in ("fp16", "int8", "turbo4-asym", "turbo4-delegated"):  # no long shape
         assert default_config(mode, batch=1, capacity=32833) == default_config(mode, batch=1), mode
 
-    def splits(mode, batch, cap):
-        cfg = default_config(mode, batch=batch, capacity=cap)
-        pick = [cfg[k] for k in ("block_n", "programs_per_sm", "split_tokens")]
-        return choose_num_splits(batch, 8, cap, pick[0], None, pick[1], False, pick[2])
+    def splits(mode, batch, cap):  # as the launcher picks them: Llama-3.1-8B's heads, the CPU's 132 "SMs"
+        return DecodeWorkspace.for_cache(mode, torch.empty(batch, 32, 128), 8, cap).num_splits
 
     assert splits("turbo4", 16, 16448) == splits("turbo3-asym", 16, 16448) == 33  # cdiv(16448, 512)
     for mode in ("turbo4", "turbo3-asym"):
@@ -720,8 +718,9 @@ def test_long_shape_follows_the_capacity(monkeypatch):
 
 @pytest.mark.parametrize("mode, own", [("turbo4", (64, 2)), ("turbo3-asym", (128, 4))])
 def test_long_shape_reaches_the_split_launch(mode, own, seed, monkeypatch):
-    """The launcher gives the split kernel (raw turbo4's, turbo3-asym's) the long shape's block and warps where the cache's capacity
-    reaches `long_capacity` (lowered here by KVBENCH_ATTN_CONFIG), and the output matches the reference."""
+    """The launcher gives the split kernel (raw turbo4's, turbo3-asym's) the long shape's block and warps
+    where the cache's capacity reaches `long_capacity` (lowered here by KVBENCH_ATTN_CONFIG), and the
+    output matches the reference."""
     launches = spy_split_launches(monkeypatch, lambda kw: (kw["BLOCK_N"], kw["num_warps"]))
     for long_capacity in (10**9, 64):
         monkeypatch.setenv("KVBENCH_ATTN_CONFIG", f'{{"{mode}": {{"long_capacity": {long_capacity}}}}}')

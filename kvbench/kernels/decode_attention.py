@@ -1080,11 +1080,8 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     #   1.2334 -> 1.2177 at batch 4; delegated 1.0198 -> 1.0291 and 1.2252 -> 1.2153; both slower at batch 16,
     #   attention + append alone, twenty-third session), so they keep their own.
     cfg["long_capacity"] = 16384
-    one_warp = {"block_n": 32, "num_warps": 1, "programs_per_sm": (8, 32)}
-    cfg["long_shape"] = {
-        "turbo4": {**one_warp, "split_tokens": 512},
-        "turbo3-asym": {**one_warp, "num_stages": 2, "deep_stages": None, "split_tokens": 512},
-    }.get(mode, {})
+    one_warp = {"block_n": 32, "num_warps": 1, "programs_per_sm": (8, 32), "split_tokens": 512}  # 2 stages (theirs)
+    cfg["long_shape"] = {"turbo4": one_warp, "turbo3-asym": {**one_warp, "deep_stages": None}}.get(mode, {})
     asked = config_overrides().get(mode, {}) if overrides else {}
     cfg = {**cfg, **asked}
     if capacity is not None and capacity >= cfg["long_capacity"]:
