@@ -410,7 +410,7 @@ class AuditJob:
                 "kernel": "triton vs reference",
                 "kernel_agrees": agree.agrees,
                 "top1_agreement": round((a.argmax(-1) == b.argmax(-1)).float().mean().item(), 4),
-                "kl_div": quality.kl_divergence(a, b),
+                "kl_div": agree.kl,
                 "verdict": agree.verdict,
                 "_note": f"teacher-forced on fp16's {gen} tokens; max |logit difference| {diff:.3g}{flips}",
             }

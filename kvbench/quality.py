@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kvbench.results import kernel_paths_agree
+
 _WORD = re.compile(r"[\w']+")
 
 # Thresholds measured on real outputs (see tests/test_quality.py): healthy
@@ -115,21 +117,25 @@ def top2_margin(logits: torch.Tensor) -> float:
 
 @dataclass
 class PathAgreement:
-    verdict: str  # identical | near-tie | diverged
+    verdict: str  # identical | near-tie | diverged: where the argmax flips sit
     flips: int  # positions whose argmax differs
     worst_margin: float  # largest top-2 margin (of `a`) among them; 0.0 without flips
+    kl: float  # mean KL(a || b), nats
 
     @property
     def agrees(self) -> bool:
-        return self.verdict != "diverged"
+        return kernel_paths_agree(self.kl)
 
 
 def path_agreement(a: torch.Tensor, b: torch.Tensor, margin: float) -> PathAgreement:
-    """Two computations of the same logits [n, V] (e.g. fused kernels vs reference):
-    they agree if every argmax flip sits where `a`'s top two are within `margin`
-    (rounding order can flip a near-tie; a bug flips clear decisions)."""
+    """Two computations of the same logits [n, V] (e.g. fused kernels vs reference). The verdict
+    says where they flip the argmax: nowhere (identical), only where `a`'s top two are within
+    `margin` (near-tie: rounding order can flip those) or also at a clearer decision (diverged:
+    a bug does that, and so can rounding amplified over a long context). Whether they agree is
+    the KL's call (`kernel_paths_agree`)."""
+    kl = kl_divergence(a, b)
     flips = (a.argmax(-1) != b.argmax(-1)).nonzero().flatten().tolist()
     if not flips:
-        return PathAgreement("identical", 0, 0.0)
+        return PathAgreement("identical", 0, 0.0, kl)
     worst = max(top2_margin(a[i]) for i in flips)
-    return PathAgreement("near-tie" if worst < margin else "diverged", len(flips), worst)
+    return PathAgreement("near-tie" if worst < margin else "diverged", len(flips), worst, kl)

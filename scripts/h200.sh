@@ -124,6 +124,9 @@
 #      inline at 0953ef7 (no model), then sparse V on dummy Llama-3.1-8B; then the model in two xz halves
 #      (`xz -6` of the GGUF split in two, .gpu/q0 then .gpu/q1 + .gpu/whl, joined through python's lzma)
 #      for sparse V on the default model, two calls on one machine
+# Later sessions list their calls in each results folder's README.md; the audit of every mode at 4979c59
+#   (results/2026-12-04-h200) came over as the thirds .gpu/p0, .gpu/p1 (two calls that only copy them to
+#   /tmp/kvbench-model), then BN (carry .gpu/p2 .gpu/whl) and `step raw4`, all on one machine.
 # On a 1-GPU machine run the steps one at a time: `bash scripts/h200.sh step NAME`.
 # The tree travels without .git: pass the commit, e.g.
 #   KVBENCH_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash scripts/h200.sh A

@@ -22,14 +22,21 @@ from kvbench.kernels import fused_ops_reference as ref
 
 DEVICE = os.environ.get("KVBENCH_TEST_DEVICE", "cpu")
 GPU = DEVICE != "cpu"
-if GPU:
-    torch.set_default_device(DEVICE)
 DTYPES = [torch.float16, torch.float32] + ([torch.bfloat16] if GPU else [])
 # The kernels round where eager PyTorch rounds, so fp16 agrees to the last bit
 # except where an fp32 reduction order or rsqrt flips a rounding: one ulp, rarely.
 TOL = {torch.float16: dict(atol=1e-3, rtol=2e-3), torch.float32: dict(atol=1e-5, rtol=1e-5)}
 TOL[torch.bfloat16] = dict(atol=1e-2, rtol=1.6e-2)
 MAX_MISMATCH = {torch.float16: 0.01, torch.float32: 1.0, torch.bfloat16: 0.02}
+
+
+@pytest.fixture(autouse=True)
+def on_test_device():
+    """Every tensor a test makes lands on the test device; the default goes back after it
+    (set at import, it leaked into the test files collected beside this one)."""
+    torch.set_default_device(DEVICE)
+    yield
+    torch.set_default_device(None)
 
 
 def _gen() -> tuple[torch.Generator, int]:

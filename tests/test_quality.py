@@ -1,6 +1,8 @@
+import pytest
 import torch
 
 from kvbench import quality
+from kvbench.results import KERNEL_KL_AGREE
 
 LOOP = "the function of the function of the function of the function of the function of the function of the"
 ECHO = (
@@ -101,3 +103,23 @@ def test_path_agreement_tells_rounding_from_a_bug(seed):
     c[20, a[20].argmin()] = a[20].max() + 5
     r = quality.path_agreement(a, c, 0.5)
     assert (r.verdict, r.flips, r.agrees) == ("diverged", 2, False) and r.worst_margin > 0.5
+    assert r.kl == pytest.approx(quality.kl_divergence(a, c)) and r.kl > KERNEL_KL_AGREE
+
+
+def test_paths_agree_by_kl_not_by_one_flip(seed):
+    """A clear decision flipped once among many positions by a small perturbation everywhere (rounding
+    amplified over a long context) is reported as `diverged` yet agrees; a wrong head or scale, which
+    moves every distribution, does not agree whatever its flips."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(64, 500, generator=g) * 3
+    top = a[9].topk(2).indices
+    a[9, top[0]] = a[9, top[1]] + 2.0  # a clear decision at position 9 (top two 2.0 apart)
+    b = a + 0.05 * torch.randn(64, 500, generator=g)
+    b[9, top[1]] = a[9, top[0]] + 1.0  # ... flipped
+    r = quality.path_agreement(a, b, 0.5)
+    assert r.verdict == "diverged" and r.flips >= 1 and r.worst_margin >= 0.5
+    assert r.kl < KERNEL_KL_AGREE and r.agrees
+    wrong = a[:, torch.randperm(500, generator=g)]  # every position's logits shuffled: a wrong gather
+    r = quality.path_agreement(a, wrong, 0.5)
+    assert r.kl > KERNEL_KL_AGREE and not r.agrees
+    assert not quality.path_agreement(a, 1.5 * a, 0.5).agrees  # a wrong softmax scale, no flip at all

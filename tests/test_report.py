@@ -917,3 +917,33 @@ def test_plot_colors_distinct(modes):
     assert colors["fp16"] == alone["fp16"]
     if "turbo4" not in modes:
         assert colors["turbo4 (no fallback)"] == alone["turbo4"]
+
+
+def test_kernel_check_agreement_and_flips(tmp_path):
+    """The kernel table's "Agree" is the audit's `kernel_agrees` where the file has it, else the same
+    KL rule (`kernel_paths_agree`); where the argmax flips sat is its own column, so a clear flip
+    that the KL accepts stays visible."""
+    rows = [
+        _greedy("fp16", 32768, verdict="reference", top1_agreement=1.0, kl_div=0.0),
+        _greedy("int8", 32768, check="kernel", kernel="triton vs reference", kernel_agrees=True, verdict="near-tie",
+                kl_div=0.003, top1_agreement=0.92),
+        _greedy("turbo4-asym", 32768, check="kernel", kernel="triton vs reference", kernel_agrees=True,
+                verdict="diverged", kl_div=0.0165, top1_agreement=0.94),
+        _greedy("turbo3-asym", 32768, check="kernel", kernel="triton vs reference", kernel_agrees=False,
+                verdict="diverged", kl_div=0.0165, top1_agreement=0.94),
+        _greedy("turbo4-delegated", 32768, check="kernel", kernel="triton vs reference", verdict="identical",
+                kl_div=0.2, top1_agreement=1.0),
+    ]  # fmt: skip
+    kernel = _section(render_report([write(tmp_path, audit=rows)]).read_text(), "## Kernel checks")
+    cells = {
+        ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[5:7]]
+        for ln in kernel.splitlines()
+        if ln.startswith("| `")
+    }
+    assert cells == {
+        "`int8`": ["yes", "near-tie"],
+        "`turbo4-asym`": ["yes", "**diverged**"],
+        "`turbo3-asym`": ["**no**", "**diverged**"],
+        "`turbo4-delegated`": ["**no**", "identical"],  # no flag in the file: KL 0.2 > the bound
+    }
+    assert "differs from the KL's: `turbo3-asym` at 32K." in kernel  # the file's call, older than the KL rule
