@@ -5,7 +5,8 @@
 #   bench   (needs .gpu/m0):  decode-bench on dummy:llama-3.1-8b + capacity search
 #   audit   (needs the model): audit of the default model at 2K/8K/32K, all checks
 #   raw4    (needs the model): audit of raw turbo4 (--no-fallback)
-#   ktests  (needs .gpu/whl):  the kernel tests on compiled kernels (bf16, full sizes)
+#   ktests  (needs .gpu/whl):  every GPU test file on compiled kernels (bf16, full sizes): ~14 min on an
+#                              H200 (the 2026-12-04 calls), more than one device call: split it with -k
 #   peers   (needs the model, .gpu/whl): transformers' caches beside kvbench's modes
 #   peers8b (needs .gpu/whl):  the same on dummy:llama-3.1-8b (speed)
 #   shard1 / shard2: a small sweep on one GPU / sharded over two (`--devices 0,1`)
@@ -168,7 +169,8 @@ step() {
       --contexts 2k,8k,32k --out $OUT/audit-raw-turbo4 --quiet ;;
   ktests)
     KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
-      tests/test_kernels.py tests/test_fast_decode.py tests/test_pdl.py tests/test_prefetch.py > $OUT/gpu-kernel-tests.txt 2>&1
+      tests/test_kernels.py tests/test_fast_decode.py tests/test_pdl.py tests/test_prefetch.py tests/test_fused_ops.py \
+      tests/test_gemv.py > $OUT/gpu-kernel-tests.txt 2>&1
     tail -5 $OUT/gpu-kernel-tests.txt ;;
   peers-audit)
     timeout ${PEERS_AUDIT_TIMEOUT:-200} python3 -m kvbench audit --model $G --modes fp16,int8,turbo4-asym,hf:all \
