@@ -1489,9 +1489,10 @@ def _check_kernel(rows: pd.DataFrame) -> str:
         if r["status"] in ("error", "oom", "skipped") or not _isnum(kl):
             agrees = r["status"]
         else:  # the audit's own call where the file has it (files without it: their KL by the same rule)
-            flag = bool(flag) if isinstance(flag, (bool, np.bool_)) else kernel_paths_agree(kl)
+            by_kl = kernel_paths_agree(kl)
+            flag = bool(flag) if isinstance(flag, (bool, np.bool_)) else by_kl
             agrees = "yes" if flag else "**no**"
-            if flag != kernel_paths_agree(kl):
+            if flag != by_kl:
                 older.append(f"`{r['kv_cache_mode']}` at {ctx_label(r['context_tokens'])}")
         verdict = _s(r.get("verdict"))
         table.append(

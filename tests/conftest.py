@@ -34,6 +34,16 @@ def default_model():
 
 
 @pytest.fixture
+def on_test_device():
+    """Every tensor a test makes lands on the test device (KVBENCH_TEST_DEVICE, default cpu); the
+    default device goes back after the test, so it never leaks into the files collected beside it.
+    Modules of kernel tests take it with `pytestmark = pytest.mark.usefixtures("on_test_device")`."""
+    torch.set_default_device(os.environ.get("KVBENCH_TEST_DEVICE", "cpu"))
+    yield
+    torch.set_default_device(None)
+
+
+@pytest.fixture
 def seed():
     """A fresh seed per test run (printed on failure), so random checks vary across runs.
 

@@ -30,13 +30,7 @@ TOL[torch.bfloat16] = dict(atol=1e-2, rtol=1.6e-2)
 MAX_MISMATCH = {torch.float16: 0.01, torch.float32: 1.0, torch.bfloat16: 0.02}
 
 
-@pytest.fixture(autouse=True)
-def on_test_device():
-    """Every tensor a test makes lands on the test device; the default goes back after it
-    (set at import, it leaked into the test files collected beside this one)."""
-    torch.set_default_device(DEVICE)
-    yield
-    torch.set_default_device(None)
+pytestmark = pytest.mark.usefixtures("on_test_device")  # per test: set at import, it leaked into other files
 
 
 def _gen() -> tuple[torch.Generator, int]:

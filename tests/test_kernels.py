@@ -50,12 +50,7 @@ DEVICE = os.environ.get("KVBENCH_TEST_DEVICE", "cpu")
 GPU = DEVICE != "cpu"
 
 
-@pytest.fixture(autouse=True)
-def on_test_device():
-    """Every tensor a test makes lands on the test device."""
-    torch.set_default_device(DEVICE)
-    yield
-    torch.set_default_device(None)
+pytestmark = pytest.mark.usefixtures("on_test_device")
 
 
 @functools.cache
