@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from kvbench import prompts, quality
 from kvbench.engine.generate import KVCap, forward_chunk, greedy_decode, prefill, teacher_forced
-from kvbench.engine.weights import fit_context
+from kvbench.engine.weights import fit_context, load_model
 from kvbench.errors import KvbenchError
 from kvbench.results import AUDIT_COLUMNS
 from kvbench.runtime import Progress, is_oom, one_line, release
@@ -68,6 +68,7 @@ class AuditJob:
         )  # fmt: skip
         self._ref_tokens = None  # fp16's greedy tokens at the current context (peers are forced on them)
         self._shared_prefill = None  # (prompt, per-layer fresh K/V, last logits) of a one-chunk prompt
+        self._lm32 = None  # the model in float32: the kernel check's yardstick (`_fp32_yardstick`)
         self.question = self.cfg.question or prompts.DEFAULT_QUESTION
         self._passage = self._read_prompt_file()
         if self.cfg.contexts is None and self._passage is not None:
@@ -396,10 +397,12 @@ class AuditJob:
         def work(mode):
             if self.s.device.type != "cuda":
                 return {"status": "skipped", "_note": "the Triton path needs a CUDA GPU"}
-            self.p.step(f"{ctx} kernel-vs-reference {mode}", 2)
+            yard = self.s.dtype != torch.float32
+            self.p.step(f"{ctx} kernel-vs-reference {mode}", 2 + yard)
             a = path(mode, "reference")
             b = path(mode, "triton")
-            agree = quality.path_agreement(a, b, self.cfg.near_tie_margin)
+            y, y_note = self._fp32_yardstick(mode, ctx, ids, forced) if yard else (None, "")
+            agree = quality.path_agreement(a, b, self.cfg.near_tie_margin, yardstick=y)
             diff = (a - b).abs().max().item()
             flips = (
                 f"; {agree.flips} argmax flip(s), reference top-2 margin <= {agree.worst_margin:.3g}"
@@ -411,12 +414,47 @@ class AuditJob:
                 "kernel_agrees": agree.agrees,
                 "top1_agreement": round((a.argmax(-1) == b.argmax(-1)).float().mean().item(), 4),
                 "kl_div": agree.kl,
+                "kl_ref_fp32": agree.kl_ref_fp32,
+                "kl_kernel_fp32": agree.kl_kernel_fp32,
                 "verdict": agree.verdict,
-                "_note": f"teacher-forced on fp16's {gen} tokens; max |logit difference| {diff:.3g}{flips}",
+                "_note": "; ".join(
+                    n
+                    for n in (
+                        f"teacher-forced on fp16's {gen} tokens; max |logit difference| {diff:.3g}{flips}",
+                        y_note,
+                    )
+                    if n
+                ),
             }
 
-        for mode in self.s.modes:
-            self._cell(mode, ctx, "kernel", rope_note, work)
+        try:
+            for mode in self.s.modes:
+                self._cell(mode, ctx, "kernel", rope_note, work)
+        finally:
+            self._lm32 = None  # the float32 copy lives for one context's checks only
+            release(self.s.device)
+
+    def _fp32_yardstick(self, mode: str, ctx: int, ids: torch.Tensor, forced: torch.Tensor):
+        """The kernel check's yardstick: `mode` through the reference path with the model and the cache in
+        float32, teacher-forced on the same tokens. Returns (logits [n, V] on the CPU, "") or (None, why not):
+        the check then falls back to the KL between the two paths alone."""
+        try:
+            if self._lm32 is None:
+                self._lm32 = load_model(self.cfg.model, device=self.s.device, dtype=torch.float32)
+            lm = self._lm32
+            fit_context(lm, ctx, self.cfg.yarn)
+            caches = self.s.caches(
+                mode, capacity=ids.shape[1] + forced.shape[1], kernel="reference", dtype=torch.float32
+            )
+            first = prefill(lm.model, ids, caches, self.cfg.prefill_chunk)
+            return teacher_forced(lm.model, first, caches, forced)[0].cpu(), ""
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # the yardstick is extra evidence: without it the check still stands
+            self._lm32 = None
+            release(self.s.device)
+            why = "out of memory" if is_oom(exc) else one_line(exc)
+            return None, f"no float32 yardstick ({why}): judged by the KL between the paths alone"
 
     # ------------------------------------------------------------ prefix reuse
     def _prefix_reuse(self, ctx: int, ids: torch.Tensor, rope_note: str) -> None:

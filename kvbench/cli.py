@@ -45,7 +45,7 @@ Modes = Annotated[
     str | None,
     typer.Option(
         "--modes",
-        help="Comma list of KV modes or 'all' (fp16 always runs as the reference). [default: all]",
+        help="Comma list of KV modes or 'all' (fp16 always runs as the reference). \\[default: all]",
         show_default=False,
     ),
 ]
@@ -55,13 +55,13 @@ Contexts = Annotated[
         "--contexts",
         "-c",
         help="Comma list of context lengths in tokens; 'k' = 1024 (2k,8k,32k). "
-        "[default: 2k,8k,32k on GPU; 2k,8k on CPU]",
+        "\\[default: 2k,8k,32k on GPU; 2k,8k on CPU]",
         show_default=False,
     ),
 ]
 Out = Annotated[
     str | None,
-    typer.Option("--out", "-o", help="Results folder. [default: results/<date>-<device>]", show_default=False),
+    typer.Option("--out", "-o", help="Results folder. \\[default: results/<date>-<device>]", show_default=False),
 ]
 ConfigFile = Annotated[
     str | None,
@@ -69,21 +69,27 @@ ConfigFile = Annotated[
         "--config", help="TOML file describing the sweep; command-line options override it.", show_default=False
     ),
 ]
-Device = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or auto. [default: auto]", show_default=False)]
+Device = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or auto. \\[default: auto]", show_default=False)]
 Dtype = Annotated[
-    str | None, typer.Option(help="Compute dtype: auto (bfloat16), bfloat16, float16, float32.", show_default=False)
+    str | None,
+    typer.Option(
+        help="Compute dtype: auto (bfloat16), bfloat16, float16, float32. \\[default: auto]", show_default=False
+    ),
 ]
 Kernel = Annotated[
     str | None,
-    typer.Option(help="Attention path: auto (Triton on GPU, reference on CPU), triton, reference.", show_default=False),
+    typer.Option(
+        help="Attention path: auto (Triton on GPU, reference on CPU), triton, reference. \\[default: auto]",
+        show_default=False,
+    ),
 ]
 PrefillChunk = Annotated[
-    int | None, typer.Option(help="Prefill chunk in tokens; 0 = one pass. [default: 2048]", show_default=False)
+    int | None, typer.Option(help="Prefill chunk in tokens; 0 = one pass. \\[default: 2048]", show_default=False)
 ]
 BoundaryV = Annotated[
     int | None,
     typer.Option(
-        help="Turbo modes: keep the first and last N layers at fp16 (0 disables). [default: 2]",
+        help="Turbo modes: keep the first and last N layers at fp16 (0 disables). \\[default: 2]",
         show_default=False,
     ),
 ]
@@ -92,7 +98,7 @@ SparseV = Annotated[
     typer.Option(
         "--sparse-v-threshold",
         help="Sparse V: decode steps of every mode but fp16 skip V for the tokens whose softmax weight is below "
-        "this (K is always used; nothing is renormalised); e.g. 1e-6. 0 = off. [default: 0]",
+        "this (K is always used; nothing is renormalised); e.g. 1e-6. 0 = off. \\[default: 0]",
         show_default=False,
     ),
 ]
@@ -114,17 +120,23 @@ MaxKv = Annotated[
         help="Cap the live KV at N tokens: a rotating window that keeps --keep sink tokens.", show_default=False
     ),
 ]
-Keep = Annotated[int | None, typer.Option(help="Sink tokens kept by --max-kv-size. [default: 4]", show_default=False)]
+Keep = Annotated[int | None, typer.Option(help="Sink tokens kept by --max-kv-size. \\[default: 4]", show_default=False)]
 Yarn = Annotated[
     str | None,
     typer.Option(
-        help="RoPE past the trained context: auto (YaRN, smallest power-of-two factor), off, or a factor.",
+        help="RoPE past the trained context: auto (YaRN, smallest power-of-two factor), off, or a factor >= 1. "
+        "\\[default: auto]",
         show_default=False,
     ),
 ]
 Formats = Annotated[
     str | None,
-    typer.Option("--format", help="Outputs beside the CSV: csv,json,md. [default: csv,json]", show_default=False),
+    typer.Option(
+        "--format",
+        help="Output files: csv (always; --resume and report read it), plus json and/or md beside it. "
+        "\\[default: csv,json]",
+        show_default=False,
+    ),
 ]
 NoGraphs = Annotated[
     bool | None,
@@ -159,7 +171,12 @@ Devices = Annotated[
 ]
 Force = Annotated[
     bool | None,
-    typer.Option("--force", help="With --resume: allow results from another version/model hash.", show_default=False),
+    typer.Option(
+        "--force",
+        help="Write into a folder that already holds results: without --resume, append a second sweep; with "
+        "--resume, also accept results from another kvbench version or model hash.",
+        show_default=False,
+    ),
 ]
 
 
@@ -190,6 +207,9 @@ def friendly(fn):
         except KvbenchError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
+        except KeyboardInterrupt:  # before the sweep started (model load) or after it: say so, exit 130
+            typer.echo("interrupted", err=True)
+            raise typer.Exit(130) from None
 
     return wrapper
 
@@ -215,6 +235,7 @@ def _open_sweep(writer, cfg, version: str, model_hash: str):
     from kvbench.sweep import FileSink, Sweep, check_fresh, done_cells
 
     check_fresh(writer.csv_path, cfg.resume, cfg.force)
+    writer.check_header()
     done = done_cells(writer.csv_path, version=version, model_hash=model_hash, force=cfg.force) if cfg.resume else set()
     return Sweep(FileSink(writer), done=done)
 
@@ -250,11 +271,15 @@ def _run(job: str, cfg) -> None:
             rows = runner.run()
     except KeyboardInterrupt:
         session.record_run(time.time() - t0)
-        typer.echo(
-            f"interrupted: {len(sweep.rows)} finished cells are saved in {writer.csv_path}; "
-            "run the same command with --resume to continue",
-            err=True,
-        )
+        saved = len(sweep.done) + len(sweep.rows)  # a resumed sweep's earlier cells are in the file too
+        if saved:
+            typer.echo(
+                f"interrupted: {saved} finished cells are saved in {writer.csv_path}; "
+                "run the same command with --resume to continue",
+                err=True,
+            )
+        else:
+            typer.echo("interrupted before the first cell finished: no results were saved", err=True)
         raise typer.Exit(130) from None
     session.record_run(time.time() - t0)
     _finish(job, cfg, rows, writer, console, t0)
@@ -290,6 +315,7 @@ def _run_sharded(job: str, cfg, devices: list[str], console, t0: float) -> None:
     if cfg.contexts is None:
         cfg.contexts = [2048, 8192, 32768] if gpu else [2048, 8192]
     out = Path(cfg.out) if cfg.out else results.default_out_dir(devices[0])
+    results.check_out_dir(out)
     stem, columns = _job_files(job)
     writer = results.ResultsWriter(out, stem, columns, formats=cfg.formats)
     sweep = _open_sweep(writer, cfg, kvbench.__version__, model_hash)
@@ -334,7 +360,7 @@ def audit(
     modes: Modes = None,
     contexts: Contexts = None,
     gen_tokens: Annotated[
-        int | None, typer.Option(help="Greedy tokens decoded per mode. [default: 64]", show_default=False)
+        int | None, typer.Option(help="Greedy tokens decoded per mode. \\[default: 64]", show_default=False)
     ] = None,
     out: Out = None,
     config: ConfigFile = None,
@@ -342,12 +368,12 @@ def audit(
         bool | None, typer.Option("--ppl", help="Also measure perplexity over the bundled text.", show_default=False)
     ] = None,
     ppl_windows: Annotated[
-        int | None, typer.Option(help="Non-overlapping text windows for --ppl. [default: 2]", show_default=False)
+        int | None, typer.Option(help="Non-overlapping text windows for --ppl. \\[default: 2]", show_default=False)
     ] = None,
     ppl_chunk: Annotated[
         int | None,
         typer.Option(
-            help="Chunk size for --ppl (tokens see earlier chunks through the cache). [default: 256]",
+            help="Chunk size for --ppl (tokens see earlier chunks through the cache). \\[default: 256]",
             show_default=False,
         ),
     ] = None,
@@ -358,7 +384,7 @@ def audit(
     near_tie_margin: Annotated[
         float | None,
         typer.Option(
-            help="A divergence where fp16's top-2 logits differ by less is a near-tie. [default: 0.5]",
+            help="A divergence where fp16's top-2 logits differ by less is a near-tie. \\[default: 0.5]",
             show_default=False,
         ),
     ] = None,
@@ -385,7 +411,7 @@ def audit(
         ),
     ] = None,
     niah_depths: Annotated[
-        str | None, typer.Option(help="Needle depths as fractions. [default: 0,0.25,0.5,0.75,1]", show_default=False)
+        str | None, typer.Option(help="Needle depths as fractions. \\[default: 0,0.25,0.5,0.75,1]", show_default=False)
     ] = None,
     compare_kernels: Annotated[
         bool | None,
@@ -420,6 +446,16 @@ def audit(
     For each context a prompt of exactly that many tokens (bundled novel + a question) is decoded
     greedily by every mode; each is compared with fp16: identical or first divergent token, token
     match, teacher-forced top-1 agreement and KL, and a degenerate-output check. Writes audit.csv.
+
+    [bold]Examples[/bold]
+
+      kvbench audit --modes int8,turbo4-asym --contexts 2k,8k
+
+      kvbench audit --model dummy:tiny --contexts 256 --gen-tokens 8   (a smoke run in seconds)
+
+      kvbench audit --modes int8 --ppl --kv-cap-check 256 --niah --out results/int8-checks
+
+      kvbench audit --config configs/ci-tiny.toml --resume   (continue an interrupted sweep)
     """
     cli = _common(**{k: v for k, v in locals().items() if k not in ("config", "kv_cap_check", "niah_depths")})
     cli["kv_caps"] = config_mod.parse_int_list(kv_cap_check, "kv-cap-check")
@@ -434,17 +470,17 @@ def decode_bench(
     modes: Modes = None,
     contexts: Contexts = None,
     batch: Annotated[
-        str | None, typer.Option("--batch", "-b", help="Comma list of batch sizes. [default: 1]", show_default=False)
+        str | None, typer.Option("--batch", "-b", help="Comma list of batch sizes. \\[default: 1]", show_default=False)
     ] = None,
     warmup: Annotated[
         int | None,
-        typer.Option(help="Untimed decode tokens first (compilation, graphs). [default: 16]", show_default=False),
+        typer.Option(help="Untimed decode tokens first (compilation, graphs). \\[default: 16]", show_default=False),
     ] = None,
     gen: Annotated[
-        int | None, typer.Option(help="Timed decode tokens per repeat. [default: 128]", show_default=False)
+        int | None, typer.Option(help="Timed decode tokens per repeat. \\[default: 128]", show_default=False)
     ] = None,
     repeats: Annotated[
-        int | None, typer.Option(help="Timed repeats; the median is reported. [default: 3]", show_default=False)
+        int | None, typer.Option(help="Timed repeats; the median is reported. \\[default: 3]", show_default=False)
     ] = None,
     capacity: Annotated[
         bool | None,
@@ -456,12 +492,14 @@ def decode_bench(
     ] = None,
     memory_budget_gb: Annotated[
         float | None,
-        typer.Option(help="Memory budget for --capacity. [default: free device memory]", show_default=False),
+        typer.Option(help="Memory budget for --capacity. \\[default: free device memory]", show_default=False),
     ] = None,
     fill: Annotated[
         str | None,
         typer.Option(
-            help="How the context is built: auto (random K/V for dummy models), prefill, random.", show_default=False
+            help="How the context is built: auto (random K/V for dummy models, else prefill), prefill, random. "
+            "\\[default: auto]",
+            show_default=False,
         ),
     ] = None,
     out: Out = None,
@@ -491,6 +529,14 @@ def decode_bench(
     Prefill is timed separately; decode is timed after --warmup tokens over --repeats windows of --gen
     tokens. Ratios vs fp16 and the roofline fraction (against the copy bandwidth measured in the same
     run) are computed within the run. Writes bench.csv.
+
+    [bold]Examples[/bold]
+
+      kvbench decode-bench --modes fp16,int8 --contexts 2k,8k --batch 1,8
+
+      kvbench decode-bench --model dummy:llama-3.1-8b --contexts 2k,32k --capacity
+
+      kvbench decode-bench --model dummy:tiny --contexts 256 --gen 4 --repeats 1   (a smoke run)
     """
     cli = _common(**{k: v for k, v in locals().items() if k not in ("config", "batch")})
     cli["batch"] = config_mod.parse_int_list(batch, "batch")
@@ -503,7 +549,7 @@ def report(
     results_dirs: Annotated[
         list[Path] | None,
         typer.Argument(
-            help="Results folder(s) to merge. [default: the newest folder under results/]", show_default=False
+            help="Results folder(s) to merge. \\[default: the newest folder under results/]", show_default=False
         ),
     ] = None,
     out: Annotated[
@@ -511,12 +557,21 @@ def report(
         typer.Option(
             "--out",
             "-o",
-            help="Folder for report.md and its plots, or a .md file path (plots beside it). [default: the first folder]",
+            help="Folder for report.md and its plots, or a .md file path (plots beside it). \\[default: the first folder]",
             show_default=False,
         ),
     ] = None,
 ) -> None:
-    """Turn results CSVs into report.md: summary, status matrix, benchmark table, plots, recommendation."""
+    """Turn results CSVs into report.md: summary, status matrix, benchmark table, plots, recommendation.
+
+    Reads audit.csv, bench.csv and runs.csv of each folder (nothing else); several folders merge into one report.
+
+    [bold]Examples[/bold]
+
+      kvbench report results/2026-12-01-cpu
+
+      kvbench report results/sweep/* --out results/sweep/report.md
+    """
     from kvbench.report import render_report
 
     dirs = results_dirs or []
@@ -574,13 +629,17 @@ def plan(
     for c in cmds:
         typer.echo(c)
     if file:
-        file.write_text("\n".join(cmds) + "\n")
         slurm = file.with_suffix(".slurm.sh")
-        slurm.write_text(
-            "#!/bin/bash\n"
-            f"#SBATCH --array=1-{len(cmds)}\n#SBATCH --gres=gpu:1\n"
-            f'eval "$(sed -n "${{SLURM_ARRAY_TASK_ID}}p" {shlex.quote(str(file))})"\n'
-        )
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text("\n".join(cmds) + "\n")
+            slurm.write_text(
+                "#!/bin/bash\n"
+                f"#SBATCH --array=1-{len(cmds)}\n#SBATCH --gres=gpu:1\n"
+                f'eval "$(sed -n "${{SLURM_ARRAY_TASK_ID}}p" {shlex.quote(str(file))})"\n'
+            )
+        except OSError as exc:
+            raise KvbenchError(f"--file: cannot write {file}: {exc.strerror or exc}") from None
         typer.echo(f"# wrote {file} and {slurm} (sbatch {slurm}); then: kvbench report {out}/*", err=True)
 
 
@@ -596,6 +655,31 @@ def list_modes() -> None:
         typer.echo(f"{name:18s} {cls.summary}{alias}")
 
 
+def _click_errors() -> tuple[tuple, tuple]:
+    """click's ClickException and Abort, and the copies that typer >= 0.2x vendors (typer._click):
+    a usage error (unknown option, a value that is not a number) raises the vendored ones."""
+    import click
+
+    errors, aborts = [click.exceptions.ClickException], [click.exceptions.Abort, typer.Abort]
+    try:
+        from typer._click import exceptions as vendored
+
+        errors.append(vendored.ClickException)
+        aborts.append(getattr(vendored, "Abort", typer.Abort))
+    except ImportError:
+        pass
+    return tuple(errors), tuple(aborts)
+
+
+def _usage_error(exc) -> str:
+    """A click error as one line: its message, and for a usage error the command's --help."""
+    message = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None and type(exc).__name__ != "ClickException":
+        message = message.rstrip(".") + f"; see '{ctx.command_path} --help'"
+    return message
+
+
 def _sigterm(signum, frame):
     raise KeyboardInterrupt  # a scheduler's kill ends like Ctrl-C: finished cells saved, resumable
 
@@ -609,7 +693,7 @@ def main() -> None:
 
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")
     try:
-        rc = app(standalone_mode=False)
+        rc = app(prog_name="kvbench", standalone_mode=False)
         if isinstance(rc, int) and rc:
             sys.exit(rc)
     except KvbenchError as exc:
@@ -620,12 +704,11 @@ def main() -> None:
         typer.echo("interrupted", err=True)
         sys.exit(130)
     except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
+        errors, aborts = _click_errors()
+        if isinstance(exc, errors):
+            _fail(_usage_error(exc), exc.exit_code)
+        if isinstance(exc, aborts):
+            typer.echo("interrupted", err=True)
             sys.exit(130)
         raise
 

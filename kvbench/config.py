@@ -134,6 +134,8 @@ def validate(cfg, where: str = "command line") -> None:
 
     from kvbench.kv import registry
 
+    if not cfg.modes:
+        bad("modes", "needs at least one mode, or 'all' (see kvbench modes)")
     try:
         for plugin in cfg.plugin:
             registry.load_plugin(plugin)
@@ -165,11 +167,24 @@ def validate(cfg, where: str = "command line") -> None:
     for f in cfg.formats:
         if f not in ("csv", "json", "md"):
             bad("format", f"'{f}' is not one of csv, json, md")
+    if "csv" not in cfg.formats:  # --resume, the interrupt message and `kvbench report` read the CSV
+        bad("format", "must include csv (--resume and kvbench report read it); json and md go beside it")
+    if cfg.yarn not in ("auto", "off"):
+        try:
+            factor = float(cfg.yarn)
+        except ValueError:
+            factor = None
+        if factor is None or not 1.0 <= factor < float("inf"):
+            bad("yarn", f"'{cfg.yarn}' is not auto, off or a factor >= 1")
     if isinstance(cfg, AuditConfig):
         if cfg.gen_tokens < 2:
             bad("gen-tokens", "must be at least 2")
         if cfg.ppl_windows < 1 or cfg.ppl_chunk < 1:
             bad("ppl-windows/ppl-chunk", "must be positive")
+        if not cfg.near_tie_margin >= 0:
+            bad("near-tie-margin", f"must be >= 0 (a logit gap), got {cfg.near_tie_margin}")
+        if cfg.prompt_file and not Path(cfg.prompt_file).is_file():
+            bad("prompt-file", f"{cfg.prompt_file} not found")
         for cap in cfg.kv_caps:
             if cap <= cfg.keep:
                 bad("kv-cap-check", f"cap {cap} must exceed --keep ({cfg.keep})")
@@ -183,6 +198,8 @@ def validate(cfg, where: str = "command line") -> None:
             bad("gen/repeats/warmup", "gen and repeats must be >= 1, warmup >= 0")
         if cfg.fill not in FILLS:
             bad("fill", f"'{cfg.fill}' is not one of {', '.join(FILLS)}")
+        if cfg.memory_budget_gb is not None and not cfg.memory_budget_gb > 0:
+            bad("memory-budget-gb", f"must be a positive number of GB, got {cfg.memory_budget_gb}")
 
 
 def parse_int_list(text: str | None, name: str) -> list[int] | None:

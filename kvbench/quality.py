@@ -121,21 +121,27 @@ class PathAgreement:
     flips: int  # positions whose argmax differs
     worst_margin: float  # largest top-2 margin (of `a`) among them; 0.0 without flips
     kl: float  # mean KL(a || b), nats
+    kl_ref_fp32: float | None = None  # KL(yardstick || a): how far `a` sits from the mode in float32
+    kl_kernel_fp32: float | None = None  # KL(yardstick || b)
 
     @property
     def agrees(self) -> bool:
-        return kernel_paths_agree(self.kl)
+        return kernel_paths_agree(self.kl, self.kl_ref_fp32, self.kl_kernel_fp32)
 
 
-def path_agreement(a: torch.Tensor, b: torch.Tensor, margin: float) -> PathAgreement:
+def path_agreement(
+    a: torch.Tensor, b: torch.Tensor, margin: float, yardstick: torch.Tensor | None = None
+) -> PathAgreement:
     """Two computations of the same logits [n, V] (e.g. fused kernels vs reference). The verdict
     says where they flip the argmax: nowhere (identical), only where `a`'s top two are within
     `margin` (near-tie: rounding order can flip those) or also at a clearer decision (diverged:
     a bug does that, and so can rounding amplified over a long context). Whether they agree is
-    the KL's call (`kernel_paths_agree`)."""
+    the KL's call (`kernel_paths_agree`), with `yardstick` (the same logits computed in float32)
+    where given: then how far each path sits from it counts too."""
     kl = kl_divergence(a, b)
+    fp32 = (kl_divergence(yardstick, a), kl_divergence(yardstick, b)) if yardstick is not None else (None, None)
     flips = (a.argmax(-1) != b.argmax(-1)).nonzero().flatten().tolist()
     if not flips:
-        return PathAgreement("identical", 0, 0.0, kl)
+        return PathAgreement("identical", 0, 0.0, kl, *fp32)
     worst = max(top2_margin(a[i]) for i in flips)
-    return PathAgreement("near-tie" if worst < margin else "diverged", len(flips), worst, kl)
+    return PathAgreement("near-tie" if worst < margin else "diverged", len(flips), worst, kl, *fp32)

@@ -11,11 +11,15 @@ Everything written is a function of the CSVs except the one "rendered on" line.
 
 from __future__ import annotations
 
+import csv
 import datetime as _dt
 import functools
+import io
 import math
 import os
 import re
+import sys
+import warnings
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
@@ -24,7 +28,14 @@ import numpy as np
 import pandas as pd
 
 from kvbench.errors import KvbenchError
-from kvbench.results import AUDIT_COLUMNS, BENCH_COLUMNS, KERNEL_KL_AGREE, STATUSES, kernel_paths_agree
+from kvbench.results import (
+    AUDIT_COLUMNS,
+    BENCH_COLUMNS,
+    KERNEL_FP32_FACTOR,
+    KERNEL_KL_AGREE,
+    STATUSES,
+    kernel_paths_agree,
+)
 
 MODE_ORDER = ("fp16", "int8", "turbo4-asym", "turbo3-asym", "turbo4", "turbo4-delegated")
 
@@ -36,6 +47,8 @@ AUDIT_NUMERIC = [
     "first_divergence",
     "top1_agreement",
     "kl_div",
+    "kl_ref_fp32",
+    "kl_kernel_fp32",
     "ppl",
     "ppl_delta",
     "kv_bytes",
@@ -476,11 +489,36 @@ class Results:
     csv_files: list[Path]
 
 
+def _warn(message: str) -> None:
+    sys.stderr.write(f"warning: {message}\n")
+
+
 def _read_csv(path: Path) -> pd.DataFrame:
+    """One results CSV. A file that is not CSV text is a one-line error; a line with too many fields is
+    skipped, and a last line cut short (a copy taken mid-write) is dropped, each with a one-line warning."""
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[], on_bad_lines="warn")
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise KvbenchError(f"{path} is not a CSV text file (byte {exc.start} is not UTF-8)") from None
+    cut = False
+    if text and not text.endswith("\n"):  # kvbench ends every row with a newline
+        records = list(csv.reader(io.StringIO(text)))
+        cut = len(records) > 1 and len(records[-1]) < len(records[0])
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", pd.errors.ParserWarning)
+            df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[], on_bad_lines="warn")
     except pd.errors.EmptyDataError:
         return pd.DataFrame()
+    except pd.errors.ParserError as exc:
+        raise KvbenchError(f"{path} is not a readable CSV: {' '.join(str(exc).split())}") from None
+    for w in caught:
+        for line in str(w.message).splitlines():
+            if line.strip():
+                _warn(f"{path}: {line.strip().replace('Skipping', 'skipped')}")
+    if cut:
+        _warn(f"{path}: the last line is cut short (copied while being written?); skipped")
+        df = df.iloc[:-1]
     df.columns = [str(c).strip() for c in df.columns]
     return df
 
@@ -1484,12 +1522,13 @@ def _check_kernel(rows: pd.DataFrame) -> str:
     recs = rows.to_dict("records")
     shared, notes = hoist_notes(recs)
     table, older = [], []
+    yard = any(_isnum(r.get("kl_kernel_fp32")) for r in recs)  # files written before the yardstick have none
     for r, note in zip(recs, notes, strict=True):
         kl, top1, flag = r.get("kl_div"), r.get("top1_agreement"), r.get("kernel_agrees")
         if r["status"] in ("error", "oom", "skipped") or not _isnum(kl):
             agrees = r["status"]
-        else:  # the audit's own call where the file has it (files without it: their KL by the same rule)
-            by_kl = kernel_paths_agree(kl)
+        else:  # the audit's own call where the file has it (files without it: their KLs by the same rule)
+            by_kl = kernel_paths_agree(kl, r.get("kl_ref_fp32"), r.get("kl_kernel_fp32"))
             flag = bool(flag) if isinstance(flag, (bool, np.bool_)) else by_kl
             agrees = "yes" if flag else "**no**"
             if flag != by_kl:
@@ -1501,6 +1540,7 @@ def _check_kernel(rows: pd.DataFrame) -> str:
                 ctx_label(r["context_tokens"]),
                 fmt_pct(top1) if _isnum(top1) else "—",
                 f"{kl:.3g}" if _isnum(kl) else "—",
+                *([_fp32_pair(r)] if yard else []),
                 agrees,
                 "**diverged**" if verdict == "diverged" else verdict or "—",
                 note,
@@ -1509,9 +1549,19 @@ def _check_kernel(rows: pd.DataFrame) -> str:
     intro = (
         "Each mode decoded through the fused Triton path and through the PyTorch reference path, "
         f"teacher-forced on fp16's tokens. They agree when the KL between them is at most {KERNEL_KL_AGREE} "
-        "nats: the paths round differently (the reference attends over K/V dequantized to bf16), and the "
-        "model amplifies that most at long context and in the coarsest modes; fp16 mode's own gap is the "
-        "noise floor. Argmax flips: none (identical), only where the reference's top two logits were within "
+        "nats: both round in the compute dtype, each its own way (kernels, projections, fused ops, the order "
+        "of sums), and the model amplifies that most at long context and in the coarsest modes; fp16 mode's "
+        "own gap is the noise floor."
+    )
+    if yard:
+        intro += (
+            " Where the audit also ran the mode in float32 (the reference path, model and cache in float32: "
+            "the yardstick), they also agree when the Triton path is at most "
+            f'{KERNEL_FP32_FACTOR:g}x as far from it as the reference path is (the "KL from float32" column, '
+            "reference / Triton)."
+        )
+    intro += (
+        " Argmax flips: none (identical), only where the reference's top two logits were within "
         "the near-tie margin (near-tie), or also at a clearer decision (diverged)."
     )
     if older:
@@ -1520,9 +1570,23 @@ def _check_kernel(rows: pd.DataFrame) -> str:
             f"is shown where it differs from the KL's: {join_list(older)}."
         )
     return _intro(intro, shared) + _table_notes_last(
-        ["Mode", "Context", "Top-1 agreement (Triton vs reference)", "KL (nats)", "Agree", "Argmax flips", "Notes"],
+        [
+            "Mode",
+            "Context",
+            "Top-1 agreement (Triton vs reference)",
+            "KL (nats)",
+            *(["KL from float32 (reference / Triton)"] if yard else []),
+            "Agree",
+            "Argmax flips",
+            "Notes",
+        ],
         table,
     )
+
+
+def _fp32_pair(r: dict) -> str:
+    a, b = r.get("kl_ref_fp32"), r.get("kl_kernel_fp32")
+    return f"{a:.3g} / {b:.3g}" if _isnum(a) and _isnum(b) else "—"
 
 
 def _intro(text: str, shared: str) -> str:
@@ -2519,7 +2583,11 @@ def render_report(results_dirs: list[Path], out_dir: Path | None = None) -> Path
     name = "report.md"
     if out.suffix == ".md":  # --out path/to/name.md: that file, the plots beside it
         out, name = out.parent, out.name
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = "a file is in the way" if isinstance(exc, FileExistsError | NotADirectoryError) else exc.strerror
+        raise KvbenchError(f"cannot write the report to {out}: {why or exc}") from None
     groups = build_groups(data)
     plots = {g.index: make_plots(g, out) for g in groups}
     sections = [
@@ -2537,5 +2605,10 @@ def render_report(results_dirs: list[Path], out_dir: Path | None = None) -> Path
     ]
     text = "\n\n".join(s.strip() for s in sections if s.strip()) + "\n"
     path = out / name
-    path.write_text(text)
+    tmp = path.with_name(path.name + ".tmp")  # a Ctrl-C or a full disk never leaves half a report
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as exc:
+        raise KvbenchError(f"cannot write {path}: {exc.strerror or exc}") from None
     return path

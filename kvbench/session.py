@@ -60,6 +60,8 @@ class Session:
             else:
                 contexts = [2048, 8192]
                 notes.append("CPU default contexts 2K and 8K (32K takes many minutes per mode on CPU; pass --contexts)")
+        out_dir = Path(cfg.out) if cfg.out else results.default_out_dir(device)
+        results.check_out_dir(out_dir)  # before the model loads: a bad --out fails in a second
         lm = load_model(cfg.model, device=device, dtype=dtype, progress=log)
         self = cls(
             cfg=cfg,
@@ -70,7 +72,7 @@ class Session:
             modes=modes,
             contexts=list(contexts),
             lm=lm,
-            out_dir=Path(cfg.out) if cfg.out else results.default_out_dir(device),
+            out_dir=out_dir,
             base_row={},
             notes=notes,
             peers=peers,
@@ -115,7 +117,15 @@ class Session:
         self.lm.model.set_rope(a.hf_config)
 
     # ----------------------------------------------------------------- helpers
-    def caches(self, mode: str, *, batch: int = 1, capacity: int = 0, kernel: str | None = None) -> list:
+    def caches(
+        self,
+        mode: str,
+        *,
+        batch: int = 1,
+        capacity: int = 0,
+        kernel: str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> list:
         a = self.lm.args
         return registry.build_caches(
             mode,
@@ -123,7 +133,7 @@ class Session:
             batch=batch,
             n_kv_heads=a.n_kv_heads,
             head_dim=a.head_dim,
-            dtype=self.dtype,
+            dtype=dtype or self.dtype,
             device=self.device,
             capacity=capacity,
             boundary_v=self.cfg.boundary_v,

@@ -85,8 +85,11 @@ def done_cells(csv_path: Path, *, version: str, model_hash: str, force: bool) ->
     version or model unless forced (their numbers would not be comparable)."""
     if not csv_path.exists() or csv_path.stat().st_size == 0:
         return set()
-    with open(csv_path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(csv_path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise KvbenchError(f"{csv_path} is not a readable CSV ({exc}); choose another --out") from None
     if not force:
         versions = {r.get("kvbench_version") for r in rows} - {version, "", None}
         hashes = {r.get("model_hash") for r in rows} - {model_hash, "", None}
@@ -106,7 +109,7 @@ def check_fresh(csv_path: Path, resume: bool, force: bool) -> None:
     """Appending a second sweep to a file would duplicate cells: ask what is meant."""
     if resume or force or not csv_path.exists() or csv_path.stat().st_size == 0:
         return
-    with open(csv_path) as f:
+    with open(csv_path, "rb") as f:
         n = sum(1 for _ in f) - 1
     raise KvbenchError(
         f"{csv_path} already holds {n} rows: pass --resume to continue that sweep "

@@ -112,6 +112,16 @@ def test_sparse_v_rows_and_report(tmp_path):
         ),
         (["audit", "--model", "dummy:tiny", "--sparse-v-threshold", "-0.1"], "sparse-v-threshold"),
         (["report", "/nonexistent/dir"], "results folder not found"),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--modes", ""], "needs at least one mode"),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--modes", ","], "needs at least one mode"),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--yarn", "bogus"], "yarn: 'bogus'"),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--yarn", "0"], "factor >= 1"),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--format", ""], "format: must include csv"),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--near-tie-margin", "-1"], "near-tie-margin"),
+        (
+            ["decode-bench", "--model", "dummy:tiny", "--contexts", "64", "--capacity", "--memory-budget-gb", "-1"],
+            "memory-budget-gb",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(args, message, tmp_path, capsys, monkeypatch):
@@ -135,6 +145,11 @@ def test_help_teaches_every_option():
     for cmd in ("audit", "decode-bench", "report"):
         result = run([cmd, "--help"])
         assert "Usage" in result.output
+        assert "Examples" in result.output and f"kvbench {cmd} " in result.output, cmd
+    # the defaults written into the help texts show (rich markup once took "[default: 128]" for a style tag)
+    wide = runner.invoke(app, ["decode-bench", "--help"], env={"COLUMNS": "300"}).output
+    for default in ("[default: 128]", "[default: 3]", "[default: 16]", "[default: all]", "[default: csv,json]"):
+        assert default in wide, default
     text = run(["decode-bench", "--help"]).output
     for opt in ("--batch", "--warmup", "--gen", "--repeats", "--contexts", "--modes", "--model"):
         assert opt in text
@@ -147,6 +162,117 @@ def test_help_teaches_every_option():
 def test_modes_lists_registry():
     result = run(["modes"])
     assert "fp16" in result.output and "int8" in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["audit", "--bogus"],
+        ["audit", "--gen-tok", "3"],
+        ["decode-bench", "--gen", "abc"],
+        ["decode-bench", "--memory-budget-gb", "lots"],
+        ["nonsense"],
+        ["plan"],
+    ],
+)
+def test_usage_errors_are_one_line(args, capsys, monkeypatch):
+    """Unknown options, non-numbers, unknown commands, missing arguments: click's errors (raised by the
+    click that typer vendors) are one line on stderr and exit code 2, not a traceback."""
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["kvbench", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    assert "--help" in err
+
+
+def test_out_that_is_a_file_fails_before_any_work(tmp_path, capsys, monkeypatch):
+    """--out naming a file (or a folder under a file) is refused before the model loads, in one line."""
+    import sys
+
+    import kvbench.session
+
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+
+    def no_model(*a, **k):
+        raise AssertionError("the model loaded before --out was checked")
+
+    monkeypatch.setattr(kvbench.session, "load_model", no_model)
+    for out in (afile, afile / "sub"):
+        monkeypatch.setattr(
+            sys, "argv", ["kvbench", "audit", "--model", "dummy:tiny", "--contexts", "64", "--out", str(out)]
+        )
+        with pytest.raises(SystemExit) as exc:
+            main()
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: --out") and "is a file, not a folder" in err and "\n" not in err, err
+    assert afile.read_text() == "keep me"
+
+
+def test_resume_into_a_file_of_other_columns_is_one_line(tmp_path, capsys, monkeypatch):
+    """--resume where bench.csv has other columns (another kvbench version, an audit file) fails before any
+    cell runs, naming the file; the file is left as it was."""
+    import sys
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "bench.csv").write_text(",".join(AUDIT_COLUMNS) + "\n")
+    before = (out / "bench.csv").read_text()
+    argv = ["kvbench", "decode-bench", "--model", "dummy:tiny", "--modes", "fp16", "--contexts", "64",
+            "--gen", "2", "--warmup", "1", "--repeats", "1", "--quiet", "--out", str(out), "--resume"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "has different columns" in err and "Traceback" not in err, err
+    assert (out / "bench.csv").read_text() == before and not (out / "bench.jsonl").exists()
+
+
+def test_plan_file_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
+    """plan --file under a file is one line (it was a NotADirectoryError traceback); a missing folder is made."""
+    import sys
+    from pathlib import Path
+
+    config = str(Path(__file__).resolve().parent.parent / "configs" / "ci-tiny.toml")
+    (tmp_path / "afile").write_text("")
+    argv = ["kvbench", "plan", "decode-bench", "--config", config, "--out", str(tmp_path / "sweep")]
+    monkeypatch.setattr(sys, "argv", [*argv, "--file", str(tmp_path / "afile" / "jobs.txt")])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --file: cannot write") and "\n" not in err, err
+    monkeypatch.setattr(sys, "argv", [*argv, "--file", str(tmp_path / "new" / "jobs.txt")])
+    main()
+    assert (tmp_path / "new" / "jobs.txt").read_text().startswith("kvbench decode-bench")
+
+
+def test_interrupt_before_the_sweep_says_so(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the model loads: exit 130 with a line saying so (typer turned it into a silent 130),
+    and no results folder."""
+    import sys
+
+    import kvbench.session
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kvbench.session, "load_model", interrupted)
+    out = tmp_path / "out"
+    monkeypatch.setattr(
+        sys, "argv", ["kvbench", "audit", "--model", "dummy:tiny", "--contexts", "64", "--out", str(out)]
+    )
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("kind", ["gguf-head", "gguf-half", "safetensors"])

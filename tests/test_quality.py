@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from kvbench import quality
-from kvbench.results import KERNEL_KL_AGREE
+from kvbench.results import KERNEL_FP32_FACTOR, KERNEL_KL_AGREE, kernel_paths_agree
 
 LOOP = "the function of the function of the function of the function of the function of the function of the"
 ECHO = (
@@ -123,3 +123,66 @@ def test_paths_agree_by_kl_not_by_one_flip(seed):
     r = quality.path_agreement(a, wrong, 0.5)
     assert r.kl > KERNEL_KL_AGREE and not r.agrees
     assert not quality.path_agreement(a, 1.5 * a, 0.5).agrees  # a wrong softmax scale, no flip at all
+
+
+def test_paths_agree_against_the_fp32_yardstick(seed):
+    """Two bf16 paths of a chaotic mode may sit more than KERNEL_KL_AGREE apart while each is as far
+    from the mode run in float32 as the other: they agree. A wrong kernel moves far from float32 and
+    does not, however far the reference path itself sits from it."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randn(64, 500, generator=g) * 3  # the float32 yardstick
+    a = y + 0.6 * torch.randn(64, 500, generator=g)  # reference path: rounding amplified
+    b = y + 0.6 * torch.randn(64, 500, generator=g)  # Triton path: as far, another way
+    plain = quality.path_agreement(a, b, 0.5)
+    assert plain.kl > KERNEL_KL_AGREE and not plain.agrees and plain.kl_ref_fp32 is None
+    r = quality.path_agreement(a, b, 0.5, yardstick=y)
+    assert r.kl == pytest.approx(plain.kl) and r.agrees
+    assert r.kl_ref_fp32 == pytest.approx(quality.kl_divergence(y, a))
+    assert r.kl_kernel_fp32 == pytest.approx(quality.kl_divergence(y, b))
+    assert r.kl_ref_fp32 > KERNEL_KL_AGREE and r.kl_kernel_fp32 < KERNEL_FP32_FACTOR * r.kl_ref_fp32
+    wrong = a[:, torch.randperm(500, generator=g)]
+    assert not quality.path_agreement(a, wrong, 0.5, yardstick=y).agrees
+    far = y + 3.0 * torch.randn(64, 500, generator=g)  # noise 5x the reference's: KL ~25x
+    r = quality.path_agreement(a, far, 0.5, yardstick=y)
+    assert r.kl_kernel_fp32 > KERNEL_FP32_FACTOR * r.kl_ref_fp32 and not r.agrees
+    # the rule as the report applies it to a file's columns (NaN: a row without the yardstick)
+    assert kernel_paths_agree(0.08, 0.125, 0.074) and not kernel_paths_agree(0.08, float("nan"), 0.074)
+    assert not kernel_paths_agree(0.08, 0.01, 0.06) and kernel_paths_agree(0.08, 0.01, 0.05)
+
+
+def test_kernel_check_fp32_yardstick_is_the_mode_in_float32(tmp_path, monkeypatch):
+    """The audit's yardstick (`AuditJob._fp32_yardstick`) is the reference path with the same weights,
+    model and cache in float32: bit for bit what a float32 session computes, and not the bf16 run. Out
+    of memory it steps aside with a note instead of failing the check."""
+    from kvbench import audit
+    from kvbench.config import AuditConfig
+    from kvbench.engine.generate import prefill, teacher_forced
+    from kvbench.runtime import Progress
+    from kvbench.session import Session
+
+    def session(dtype, out):
+        cfg = AuditConfig(model="dummy:tiny", dtype=dtype, device="cpu", contexts=[40], out=str(out), quiet=True)
+        return Session.open(cfg, "audit", log=lambda *a, **k: None)
+
+    s16 = session("bfloat16", tmp_path / "a")
+    job = audit.AuditJob(s16, Progress(1, quiet=True))
+    ids = job.prompt(40)
+    forced = torch.tensor([[5, 17, 3, 99]])
+
+    def forced_logits(s, dtype):
+        caches = s.caches("int8", capacity=44, kernel="reference", dtype=dtype)
+        return teacher_forced(s.lm.model, prefill(s.lm.model, ids, caches), caches, forced)[0]
+
+    y, note = job._fp32_yardstick("int8", 40, ids, forced)
+    assert note == "" and y.dtype == torch.float32 and y.shape == (4, s16.lm.args.vocab_size)
+    assert torch.equal(y, forced_logits(session("float32", tmp_path / "b"), torch.float32))
+    bf16 = forced_logits(s16, None).float()
+    assert not torch.equal(y, bf16) and quality.kl_divergence(y, bf16) < KERNEL_KL_AGREE
+
+    def oom(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(audit, "load_model", oom)
+    job._lm32 = None
+    y, note = job._fp32_yardstick("int8", 40, ids, forced)
+    assert y is None and note.startswith("no float32 yardstick (out of memory)")

@@ -717,6 +717,50 @@ def test_no_data_raises(tmp_path):
         render_report([tmp_path / "missing"])
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\x00\x01garbage\xff\xfe,,,\n", "not a CSV text file"),
+        (b'kv_cache_mode,context_tokens,status\nfp16,2048,ok\nint8,"unterminated\n', "not a readable CSV"),
+    ],
+    ids=["binary", "open-quote"],
+)
+def test_garbled_csv_is_one_error(tmp_path, content, message):
+    """A results file that is not CSV text (binary junk, an unterminated quote) is a KvbenchError naming the
+    file (one line from the CLI), not a UnicodeDecodeError or a pandas ParserError."""
+    (tmp_path / "bench.csv").write_bytes(content)
+    with pytest.raises(KvbenchError, match=message) as exc:
+        render_report([tmp_path])
+    assert "bench.csv" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_cut_last_line_and_bad_lines_are_skipped_with_a_warning(tmp_path, capsys):
+    """A CSV copied while being written ends mid-row: that row is dropped, not shown as a mode with no
+    data; a row with too many fields is skipped. Each says so in one line on stderr."""
+    folder = write(tmp_path / "cut", bench=[_bench("fp16", 2048, 1, 236.2, 1.0, 16.1), _bench("int8", 2048, 1, 200.0)])
+    with open(folder / "bench.csv", "a") as f:
+        f.write("2025-11-30,NVIDIA H200,HuggingFaceTB/SmolLM2-135M,2048,64,turbo3-asym,1.5")  # no newline: cut
+    text = render_report([folder]).read_text()
+    assert "turbo3-asym" not in text and "`int8`" in text
+    err = capsys.readouterr().err
+    assert "bench.csv: the last line is cut short" in err and "Traceback" not in err
+    folder = write(tmp_path / "extra", bench=[_bench("fp16", 2048, 1, 236.2, 1.0, 16.1)])
+    with open(folder / "bench.csv", "a") as f:
+        f.write(",".join(["x"] * (len(BENCH_COLUMNS) + 2)) + "\n")
+    render_report([folder])
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("warning: ") and "skipped line 3" in err and len(err.splitlines()) == 1, err
+
+
+def test_report_out_blocked_by_a_file_is_one_error(tmp_path):
+    folder = write(tmp_path / "r", audit=[_greedy("fp16", 2048, verdict="reference")])
+    (tmp_path / "afile").write_text("not a folder")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "report.md"):
+        with pytest.raises(KvbenchError, match="a file is in the way"):
+            render_report([folder], out)
+    assert not list(folder.glob("*.tmp"))
+
+
 # ---------------------------------------------------------------------------
 # Peers: transformers' own caches (kvbench.peers), rows with kv_cache_mode "hf:*"
 
@@ -947,3 +991,31 @@ def test_kernel_check_agreement_and_flips(tmp_path):
         "`turbo4-delegated`": ["**no**", "identical"],  # no flag in the file: KL 0.2 > the bound
     }
     assert "differs from the KL's: `turbo3-asym` at 32K." in kernel  # the file's call, older than the KL rule
+
+
+def test_kernel_check_with_the_fp32_yardstick(tmp_path):
+    """Rows with the float32 yardstick show how far each path sits from it, and the "Agree" cell follows
+    the same rule as the audit (`kernel_paths_agree` with the yardstick): a KL between the paths above the
+    bound agrees when the Triton path is no farther from float32 than twice the reference's distance."""
+    rows = [
+        _greedy("fp16", 32768, verdict="reference", top1_agreement=1.0, kl_div=0.0),
+        _greedy("turbo4", 32768, check="kernel", kernel="triton vs reference", kernel_agrees=True,
+                verdict="near-tie", kl_div=0.078, kl_ref_fp32=0.125, kl_kernel_fp32=0.074, top1_agreement=0.83),
+        _greedy("int8", 32768, check="kernel", kernel="triton vs reference", verdict="diverged",
+                kl_div=0.09, kl_ref_fp32=0.006, kl_kernel_fp32=0.08, top1_agreement=0.8),
+        _greedy("turbo4-asym", 32768, check="kernel", kernel="triton vs reference", kernel_agrees=True,
+                verdict="identical", kl_div=0.007, top1_agreement=1.0),
+    ]  # fmt: skip
+    kernel = _section(render_report([write(tmp_path, audit=rows)]).read_text(), "## Kernel checks")
+    assert "KL from float32 (reference / Triton)" in kernel and "the yardstick" in kernel
+    cells = {
+        ln.split("|")[1].strip(): [c.strip() for c in ln.split("|")[4:7]]
+        for ln in kernel.splitlines()
+        if ln.startswith("| `")
+    }
+    assert cells == {
+        "`turbo4`": ["0.078", "0.125 / 0.074", "yes"],
+        "`int8`": ["0.09", "0.006 / 0.08", "**no**"],  # no flag in the file: the rule with its yardstick
+        "`turbo4-asym`": ["0.007", "—", "yes"],
+    }
+    assert "differs from the KL's" not in kernel  # the file's calls are the rule's
