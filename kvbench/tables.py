@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.table import Table
+
+WIDE_AUDIT = 120  # console columns from which the audit table shows each row's output text
+WRAPS = ("check", "verdict", "output")
+MIN = {"check": 7, "verdict": 10, "PPL \u0394": 6}
 
 
 def _f(value, spec: str) -> str:
@@ -14,31 +19,78 @@ def _f(value, spec: str) -> str:
         return str(value)
 
 
+def _ctx(n) -> str:
+    n = int(n)
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def _check(r: dict) -> str:
+    check = r.get("check") or ""
+    if check == "max_kv" and r.get("max_kv_size") not in (None, ""):
+        return f"cap {r['max_kv_size']} keep {r.get('keep')}"
+    if check == "niah" and r.get("niah_depth") not in (None, ""):
+        return f"niah {float(r['niah_depth']):g}"
+    return check.replace("_", " ")
+
+
+def _audit_table(rows: list[dict], width: int) -> Table:
+    """One line per audit row. The output text needs room: on a narrow console (a pipe reads as 80
+    columns) it is left to audit.csv, and columns no row fills are dropped, so that the rest stay
+    readable instead of being squeezed to ellipses."""
+    wide = width >= WIDE_AUDIT
+    cells = []
+    for r in rows:
+        verdict = r.get("verdict") or ""
+        if r.get("check") == "niah" and r.get("niah_hit") not in (None, ""):
+            verdict = "found" if str(r["niah_hit"]).lower() == "true" else "missed"
+        if verdict in ("diverged", "near-tie") and r.get("first_divergence") not in (None, ""):
+            verdict += f" @{r['first_divergence']}"
+        mode, eff = r["kv_cache_mode"], r.get("effective_mode") or ""
+        cells.append(
+            {
+                "ctx": _ctx(r["context_tokens"]),
+                "check": _check(r),
+                "mode": mode if eff in ("", mode) or not wide else f"{mode} -> {eff}",
+                "status": _style(r.get("status")),
+                "verdict": verdict,
+                "top-1": _f(r.get("top1_agreement"), ".1%"),
+                "KL": _f(r.get("kl_div"), ".3g"),
+                "PPL \u0394": _f(r.get("ppl_delta"), "+.2%"),
+                "output": (r.get("output_text") or r.get("notes") or "")[:120].replace("\n", " "),
+            }
+        )
+    cols = [
+        c
+        for c in cells[0]
+        if (c != "output" or wide)
+        and (c != "check" or len({x["check"] for x in cells}) > 1)
+        and any(x[c] not in ("", "-") for x in cells)
+    ]
+    t = Table(
+        title="audit vs fp16",
+        title_justify="left",
+        caption=None
+        if wide
+        else f"Output text, and the mode a fallback ran as: in audit.csv (shown here from {WIDE_AUDIT} columns).",
+        caption_justify="left",
+        box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD,
+        pad_edge=wide,
+        collapse_padding=not wide,
+    )
+    for c in cols:  # only the check, the verdict and the output wrap (at their spaces)
+        t.add_column(
+            c, overflow="fold", max_width=48 if c == "output" else None, no_wrap=c not in WRAPS, min_width=MIN.get(c)
+        )
+    for x in cells:
+        t.add_row(*(x[c] for c in cols))
+    return t
+
+
 def print_rows(job: str, rows: list[dict], console) -> None:
     if not rows:
         return
     if job == "audit":
-        t = Table(title="audit vs fp16", title_justify="left")
-        for col in ("context", "check", "mode", "effective", "status", "verdict", "top-1", "KL", "PPL delta", "output"):
-            t.add_column(
-                col, overflow="fold" if col == "output" else "ellipsis", max_width=48 if col == "output" else None
-            )
-        for r in rows:
-            verdict = r.get("verdict") or ""
-            if verdict in ("diverged", "near-tie") and r.get("first_divergence") is not None:
-                verdict += f" @{r['first_divergence']}"
-            t.add_row(
-                str(r["context_tokens"]),
-                r.get("check") or "",
-                r["kv_cache_mode"],
-                r.get("effective_mode") or "",
-                _style(r.get("status")),
-                verdict,
-                _f(r.get("top1_agreement"), ".1%"),
-                _f(r.get("kl_div"), ".3g"),
-                _f(r.get("ppl_delta"), "+.2%"),
-                (r.get("output_text") or r.get("notes") or "")[:120].replace("\n", " "),
-            )
+        t = _audit_table(rows, console.width)
     else:
         t = Table(title="decode-bench", title_justify="left")
         for col in (

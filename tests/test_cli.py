@@ -325,3 +325,36 @@ def test_device_cuda_with_and_without_index(name, index, monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
     assert pick_device(name) == torch.device("cuda", index)
+
+
+def test_audit_summary_table_fits_a_narrow_console():
+    """The end-of-run audit table: on 80 columns (a pipe) every mode, status and verdict stays whole,
+    the output text is left to audit.csv and said so; from WIDE_AUDIT columns the output and the mode a
+    fallback ran as are shown. Caps and needle rows say which cap and depth, and whether it was found."""
+    from rich.console import Console
+
+    from kvbench.tables import WIDE_AUDIT, print_rows
+
+    def row(mode, check="greedy", **kw):
+        base = {"context_tokens": 32768, "kv_cache_mode": mode, "effective_mode": mode, "check": check,
+                "status": "ok", "verdict": "near-tie", "first_divergence": 53, "top1_agreement": 0.969,
+                "kl_div": 0.0058, "output_text": "The passage above is a continuation of the story " * 3}  # fmt: skip
+        return {**base, **kw}
+
+    rows = [
+        row("turbo4-delegated"),
+        row("turbo4", status="fallback", effective_mode="turbo4-asym"),
+        row("turbo3-asym", "max_kv", max_kv_size=256, keep=4, status="degenerate", verdict="degenerate"),
+        row("int8", "niah", niah_depth=0.25, niah_hit=False, verdict=None),
+        row("fp16", "ppl", ppl_delta=-0.0034, verdict=None),
+    ]
+    narrow, wide = Console(width=80, record=True), Console(width=WIDE_AUDIT + 40, record=True)
+    print_rows("audit", rows, narrow)
+    print_rows("audit", rows, wide)
+    text, big = narrow.export_text(), wide.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
+    for cell in ("turbo4-delegated", "turbo3-asym", "degenerate", "fallback", "near-tie", "32K", "-0.34%"):
+        assert cell in text, cell
+    assert "continuation" not in text and "Output text" in text and "in audit.csv" in text
+    assert "cap 256" in text and "keep 4" in text and "niah 0.25" in text and "missed" in text
+    assert "turbo4 -> turbo4-asym" in big and "continuation" in big and "in audit.csv" not in big

@@ -175,6 +175,8 @@ def test_kernel_check_fp32_yardstick_is_the_mode_in_float32(tmp_path, monkeypatc
 
     y, note = job._fp32_yardstick("int8", 40, ids, forced)
     assert note == "" and y.dtype == torch.float32 and y.shape == (4, s16.lm.args.vocab_size)
+    for (name, w16), w32 in zip(s16.lm.model.named_parameters(), job._lm32.model.parameters(), strict=True):
+        assert w32.dtype == torch.float32 and torch.equal(w32.to(torch.bfloat16), w16), name  # the same weights
     assert torch.equal(y, forced_logits(session("float32", tmp_path / "b"), torch.float32))
     bf16 = forced_logits(s16, None).float()
     assert not torch.equal(y, bf16) and quality.kl_divergence(y, bf16) < KERNEL_KL_AGREE

@@ -269,8 +269,9 @@ def _build(args: ModelArgs, sd: dict[str, torch.Tensor] | None, device, dtype, s
             for name, p in model.named_parameters():
                 if name.endswith("norm.weight"):
                     p.fill_(1.0)
-                else:
-                    p.normal_(0.0, 0.02, generator=g)
+                else:  # drawn in float32 whatever the dtype, so that every dtype holds the same weights
+                    # (rounded): the audit's float32 yardstick compares a bf16 run with these
+                    p.copy_(torch.empty(p.shape, device=p.device).normal_(0.0, 0.02, generator=g))
         model.set_rope(args.hf_config)
         return model.eval()
     with torch.device("meta"):
