@@ -6,6 +6,7 @@ from rich import box
 from rich.table import Table
 
 WIDE_AUDIT = 120  # console columns from which the audit table shows each row's output text
+WIDE_BENCH = 100  # ... and the benchmark table its KV bytes per token
 WRAPS = ("check", "verdict", "output")
 MIN = {"check": 7, "verdict": 10, "PPL \u0394": 6}
 
@@ -86,37 +87,48 @@ def _audit_table(rows: list[dict], width: int) -> Table:
     return t
 
 
+def _bench_table(rows: list[dict], width: int) -> Table:
+    """One line per benchmark row; on a narrow console (under WIDE_BENCH columns) the KV bytes per
+    token are left to bench.csv so that the rest stays whole."""
+    wide = width >= WIDE_BENCH
+    cols = ["ctx", "batch", "mode", "status", "tok/s", "vs fp16", "peak GB", "KV B/token", "roofline"]
+    if not wide:
+        cols.remove("KV B/token")
+    t = Table(
+        title="decode-bench",
+        title_justify="left",
+        caption=None if wide else f"KV bytes per token: in bench.csv (shown here from {WIDE_BENCH} columns).",
+        caption_justify="left",
+        box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD,
+        pad_edge=wide,
+        collapse_padding=not wide,
+    )
+    for c in cols:
+        t.add_column(c, no_wrap=True, justify="left" if c in ("ctx", "mode", "status") else "right")
+    for r in rows:
+        ratio = r.get("decode_ratio_vs_fp16")
+        cell = {
+            "ctx": _ctx(r["context_tokens"]),
+            "batch": str(r["batch"]),
+            "mode": r["kv_cache_mode"],
+            "status": _style(r.get("status")),
+            "tok/s": _f(r.get("decode_tok_s"), ".1f"),
+            "vs fp16": _f(ratio, ".3f") + ("x" if ratio not in (None, "") else ""),
+            "peak GB": _f(r.get("peak_mem_gb"), ".2f"),
+            "KV B/token": _f(r.get("kv_bytes_per_token"), ".0f"),
+            "roofline": _f(r.get("roofline_frac"), ".0%"),
+        }
+        t.add_row(*(cell[c] for c in cols))
+    return t
+
+
 def print_rows(job: str, rows: list[dict], console) -> None:
     if not rows:
         return
     if job == "audit":
         t = _audit_table(rows, console.width)
     else:
-        t = Table(title="decode-bench", title_justify="left")
-        for col in (
-            "context",
-            "batch",
-            "mode",
-            "status",
-            "decode tok/s",
-            "vs fp16",
-            "peak GB",
-            "KV B/token",
-            "roofline",
-        ):
-            t.add_column(col)
-        for r in rows:
-            t.add_row(
-                str(r["context_tokens"]),
-                str(r["batch"]),
-                r["kv_cache_mode"],
-                _style(r.get("status")),
-                _f(r.get("decode_tok_s"), ".1f"),
-                _f(r.get("decode_ratio_vs_fp16"), ".2f") + ("x" if r.get("decode_ratio_vs_fp16") else ""),
-                _f(r.get("peak_mem_gb"), ".2f"),
-                _f(r.get("kv_bytes_per_token"), ".0f"),
-                _f(r.get("roofline_frac"), ".0%"),
-            )
+        t = _bench_table(rows, console.width)
     console.print(t)
 
 

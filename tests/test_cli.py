@@ -358,3 +358,26 @@ def test_audit_summary_table_fits_a_narrow_console():
     assert "continuation" not in text and "Output text" in text and "in audit.csv" in text
     assert "cap 256" in text and "keep 4" in text and "niah 0.25" in text and "missed" in text
     assert "turbo4 -> turbo4-asym" in big and "continuation" in big and "in audit.csv" not in big
+
+
+def test_bench_summary_table_fits_a_narrow_console():
+    """The end-of-run benchmark table on 80 columns keeps every mode and number whole (KV bytes per token
+    left to bench.csv, said so), and shows ratios to 3 decimals: the margins that matter are 0.3%."""
+    from rich.console import Console
+
+    from kvbench.tables import WIDE_BENCH, print_rows
+
+    rows = [
+        {"context_tokens": 32768, "batch": 16, "kv_cache_mode": m, "status": "ok", "decode_tok_s": tok,
+         "decode_ratio_vs_fp16": ratio, "peak_mem_gb": 63.81, "kv_bytes_per_token": 88844, "roofline_frac": 0.86}
+        for m, tok, ratio in (("fp16", 814.9, 1.0), ("turbo4-delegated", 1234.6, 1.0039))
+    ]  # fmt: skip
+    rows.append({"context_tokens": 32768, "batch": 31, "kv_cache_mode": "fp16", "status": "oom"})
+    narrow, wide = Console(width=80, record=True), Console(width=WIDE_BENCH, record=True)
+    print_rows("bench", rows, narrow)
+    print_rows("bench", rows, wide)
+    text, big = narrow.export_text(), wide.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
+    for cell in ("turbo4-delegated", "1234.6", "1.004x", "63.81", "86%", "oom", "32K", "in bench.csv"):
+        assert cell in text, cell
+    assert "88844" not in text and "88844" in big and "in bench.csv" not in big
