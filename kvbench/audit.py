@@ -400,8 +400,11 @@ class AuditJob:
             yard = self.s.dtype != torch.float32
             self.p.step(f"{ctx} kernel-vs-reference {mode}", 2 + yard)
             a = path(mode, "reference")
+            self.p.advance_to(1)
             b = path(mode, "triton")
+            self.p.advance_to(2)
             y, y_note = self._fp32_yardstick(mode, ctx, ids, forced) if yard else (None, "")
+            self.p.advance_to(2 + yard)
             agree = quality.path_agreement(a, b, self.cfg.near_tie_margin, yardstick=y)
             diff = (a - b).abs().max().item()
             flips = (

@@ -136,6 +136,10 @@ def validate(cfg, where: str = "command line") -> None:
 
     if not cfg.modes:
         bad("modes", "needs at least one mode, or 'all' (see kvbench modes)")
+    if cfg.model is not None and not cfg.model.strip():  # e.g. --model "$MODEL" with MODEL unset
+        bad("model", "is empty: leave it out (or pass 'default') for the embedded SmolLM2-135M-Instruct")
+    if cfg.devices and cfg.device != "auto":  # --devices picks the device(s) itself: one would silently lose
+        bad("devices", f"give --device ({cfg.device}) or --devices ({cfg.devices}), not both")
     try:
         for plugin in cfg.plugin:
             registry.load_plugin(plugin)

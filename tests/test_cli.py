@@ -122,6 +122,8 @@ def test_sparse_v_rows_and_report(tmp_path):
             ["decode-bench", "--model", "dummy:tiny", "--contexts", "64", "--capacity", "--memory-budget-gb", "-1"],
             "memory-budget-gb",
         ),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--device", "cpu", "--devices", "cpu,cpu"], "not both"),
+        (["audit", "--model", "", "--contexts", "64"], "model: is empty"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(args, message, tmp_path, capsys, monkeypatch):
