@@ -235,6 +235,8 @@ def _open_sweep(writer, cfg, version: str, model_hash: str):
     from kvbench.sweep import FileSink, Sweep, check_fresh, done_cells
 
     check_fresh(writer.csv_path, cfg.resume, cfg.force)
+    for note in writer.repair_tail():  # only reached with --resume or --force on an existing file
+        typer.echo(f"warning: {note}", err=True)  # even with --quiet: it changed the user's file
     writer.check_header()
     done = done_cells(writer.csv_path, version=version, model_hash=model_hash, force=cfg.force) if cfg.resume else set()
     return Sweep(FileSink(writer), done=done)

@@ -309,6 +309,30 @@ class ResultsWriter:
         if "json" in self.formats:
             self._append(self.json_path, json.dumps({c: row.get(c) for c in self.columns}, default=str) + "\n", None)
 
+    def repair_tail(self) -> list[str]:
+        """Cut a last line that lacks its newline off the results files, before a sweep appends.
+
+        This writer ends every write with a whole line, so such a line is damage from outside
+        (a copy cut short, a full disk): appending after it would glue the next row onto it.
+        Its cell is not counted as done, so `--resume` measures it again. Returns one
+        warning per file repaired."""
+        notes = []
+        for path in (self.csv_path, self.json_path):
+            try:
+                with open(path, "rb+") as f:
+                    data = f.read()
+                    if not data or data.endswith(b"\n"):
+                        continue
+                    keep = data.rfind(b"\n") + 1
+                    f.truncate(keep)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise KvbenchError(f"cannot repair {path}: {exc.strerror or exc}") from None
+            what = "its header" if keep == 0 else "the last line"
+            notes.append(f"{path}: {what} was cut short ({len(data) - keep} bytes without a newline); dropped it")
+        return notes
+
     def check_header(self) -> None:
         """An existing CSV must have this job's columns (checked before a sweep starts, and per row)."""
         p = self.csv_path

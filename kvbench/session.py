@@ -104,6 +104,18 @@ class Session:
         batch = max(getattr(self.cfg, "batch", [1]))
         elem = torch.finfo(self.dtype).bits // 8
         avail = available_bytes(self.device)
+        trained = a.max_position_embeddings
+        decoded = self.total_positions(0)  # tokens decoded after the prompt
+        if decoded > trained:
+            what = (
+                f"--gen-tokens {decoded}"
+                if isinstance(self.cfg, AuditConfig)
+                else f"--warmup + --gen x --repeats = {decoded} decoded tokens"
+            )
+            raise KvbenchError(
+                f"{what} is more than the {trained} positions {self.lm.model_id} was trained on; "
+                f"decode at most {trained} tokens after the prompt"
+            )
         for ctx in self.contexts:
             fit_context(self.lm, ctx, self.cfg.yarn)
             kv = a.kv_bytes_per_token_fp16(elem) * self.total_positions(ctx) * batch

@@ -124,6 +124,14 @@ def test_sparse_v_rows_and_report(tmp_path):
         ),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--device", "cpu", "--devices", "cpu,cpu"], "not both"),
         (["audit", "--model", "", "--contexts", "64"], "model: is empty"),
+        (
+            ["audit", "--model", "dummy:tiny", "--contexts", "64", "--gen-tokens", "100000"],
+            "gen-tokens 100000 is more than the 4096 positions",
+        ),
+        (
+            ["decode-bench", "--model", "dummy:tiny", "--contexts", "64", "--gen", "2000", "--repeats", "3"],
+            "= 6016 decoded tokens is more than the 4096 positions",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(args, message, tmp_path, capsys, monkeypatch):

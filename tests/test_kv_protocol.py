@@ -104,8 +104,11 @@ def test_clone_is_independent(mode, seed):
 def test_unknown_mode_lists_valid_ones():
     from kvbench.errors import KvbenchError
 
-    with pytest.raises(KvbenchError, match="unknown KV mode 'int9'.*fp16.*int8"):
+    with pytest.raises(KvbenchError, match="unknown KV mode 'int9'.*fp16.*int8") as exc:
         registry.resolve("int9")
+    aliases = str(exc.value).split("aliases: ")[1].rstrip(")").split(", ")
+    assert "i8=int8" in aliases and "bf16=fp16" in aliases  # each alias says what it stands for
+    assert not {a.split("=")[0] for a in aliases} & set(registry.mode_names())  # no mode listed as its own alias
 
 
 def test_aliases_resolve():

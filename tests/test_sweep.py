@@ -88,6 +88,35 @@ def test_bench_resume_after_a_signal(tmp_path):
     assert cells(csv_path).keys() == cells(full / "bench.csv").keys()
 
 
+def test_resume_after_a_cut_last_line(tmp_path):
+    """A results file cut mid-line from outside: --resume drops the partial line (saying so)
+    and measures that cell again, rather than gluing the next row onto it."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    run(["decode-bench", *BENCH, "--out", str(full)])
+    part.mkdir()
+    for name in ("bench.csv", "bench.jsonl"):
+        lines = (full / name).read_text().splitlines(keepends=True)
+        n = 4 + name.endswith("csv")  # the header and 4 rows whole, then half of the 5th row (no newline)
+        (part / name).write_text("".join(lines[:n]) + lines[n][: len(lines[n]) // 2])
+    assert len(cells(part / "bench.csv")) == 4 + 1  # the cut line parses as a row with a partial cell key
+    result = run(["decode-bench", *BENCH, "--out", str(part), "--resume"])
+    assert "bench.csv: the last line was cut short" in result.output
+    assert "bench.jsonl: the last line was cut short" in result.output
+    assert all(None not in r for r in read(part / "bench.csv")), "a row glued onto the cut line"
+    got = cells(part / "bench.csv")
+    assert got.keys() == cells(full / "bench.csv").keys() and set(got.values()) == {"ok"}
+    import json
+
+    rows = [json.loads(x) for x in (part / "bench.jsonl").read_text().splitlines()]
+    assert sorted(r["cell"] for r in rows) == sorted(got)
+    # a cut header: the file starts again
+    (part / "bench.csv").write_text("date,dev")
+    (part / "bench.jsonl").write_text("")
+    result = run(["decode-bench", *BENCH, "--out", str(part), "--resume"])
+    assert "its header was cut short" in result.output
+    assert cells(part / "bench.csv").keys() == got.keys()
+
+
 def test_oom_in_one_cell_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
     from kvbench.bench import BenchJob
 

@@ -53,8 +53,9 @@ def resolve(name: str) -> str:
     key = name.strip().lower()
     if key in _ALIASES:
         return _ALIASES[key]
-    valid = ", ".join(mode_names())
-    raise KvbenchError(f"unknown KV mode '{name}' (valid: {valid}; aliases: {', '.join(sorted(_ALIASES))})")
+    names = mode_names()
+    aliases = ", ".join(f"{a}={m}" for a, m in sorted(_ALIASES.items()) if a not in names)
+    raise KvbenchError(f"unknown KV mode '{name}' (valid: {', '.join(names)}; aliases: {aliases})")
 
 
 def get(name: str):
