@@ -63,6 +63,13 @@ def run(s, mode: str, ids, forced, variant: str):
     return logits, after_prefill, after_decode
 
 
+POSITIONS = (0, 1, 2, 4, 8, 16, 32, 63)
+
+
+def kl_at(ref_logits, logits, i: int) -> float:
+    return quality.kl_divergence(ref_logits[i : i + 1], logits[i : i + 1])
+
+
 def cache_diff(a, b) -> dict:
     """Coordinates of K and V that differ between two stored caches, and the largest difference."""
     out = {}
@@ -117,6 +124,9 @@ def main() -> int:
                 agree = quality.path_agreement(ref_logits, logits, 0.5)
                 row = {"context": ctx, "mode": mode, "variant": v, "kl": agree.kl, "flips": agree.flips,
                        "max_logit_diff": float((ref_logits - logits).abs().max())}  # fmt: skip
+                # KL at chosen positions: 0 is the prefill's last logits, 1 the first decode step (its cache
+                # the prefill's; its fresh token used exactly, so only the attention's arithmetic differs)
+                row["kl_at"] = {i: kl_at(ref_logits, logits, i) for i in POSITIONS if i < len(logits)}
                 row.update({f"prefill_{k}": x for k, x in cache_diff(ref_pf, pf).items()})
                 row.update({f"end_{k}": x for k, x in cache_diff(ref_end, end).items()})
                 rows.append(row)
@@ -128,6 +138,8 @@ def main() -> int:
                     f"({row['end_k_max_rel']:.3g}) V {row['end_v_differ']} ({row['end_v_max_rel']:.3g})",
                     flush=True,
                 )
+                print(f"{'':>6} {'':<17} {v:<10} KL at positions " + " ".join(
+                    f"{i}:{x:.2g}" for i, x in row["kl_at"].items()), flush=True)  # fmt: skip
             print(f"# {ctx} {mode}: {time.time() - t0:.1f} s", flush=True)
             if args.json:
                 with open(args.json, "w") as f:
