@@ -540,7 +540,9 @@ def run(args):
             cfg["rotated_out"] = bool(cfg.pop("fold_v", False))
             cfg = {k: v for k, v in cfg.items() if k in LAUNCH_ARGS}
             cfg["num_stages"] = None  # as the launcher picks it (launch_stages)
-            default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, pps, nearest, floor)
+            default_splits = choose_num_splits(
+                b, HKV, length, cfg["block_n"], device, pps, nearest, floor, cfg.get("wave", 0)
+            )
             configs = [{"num_splits": None, **cfg}]
             if args.tune and args.configs:
                 configs += [explicit_config(c, b, length, pps, nearest, device, floor) for c in args.configs.split(",")]

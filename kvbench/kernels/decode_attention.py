@@ -878,6 +878,7 @@ def choose_num_splits(
     programs_per_sm=(2, 4),
     nearest: bool = False,
     min_tokens: int = 1024,
+    wave: int = 0,
 ) -> int:
     """Splits of the token axis, from the capacity (the grid is fixed while L grows).
 
@@ -888,6 +889,12 @@ def choose_num_splits(
     int8 10.0 -> 9.2, turbo4-asym 12.5 -> 10.4 on the H200). `nearest`: programs per SM
     rounded to the nearest count of splits, not up (int8 at batch 16: 2 splits, 256
     programs, beat 3 or 5).
+
+    `wave`: the split kernel's programs an SM holds at once (0: ignore waves). The count is then
+    the one, from the lower bound up to the rule's, that minimises waves x tokens per split
+    (the fewer splits on a tie): programs run in waves of `wave` x SMs, and a wave lasts as long
+    as its splits' tokens take. E.g. one-warp programs (8 an SM) at batch 8 over 32K: 33 splits
+    (two full waves of ~1000 tokens) rather than 65 (four of ~500, the last 94% full).
     """
     lo, hi = programs_per_sm
     sms = _sm_count(torch.device(device) if device is not None else torch.device("cpu"))
@@ -897,7 +904,15 @@ def choose_num_splits(
         return max(1, (programs * sms + rows // 2) // rows) if nearest else triton.cdiv(programs * sms, rows)
 
     splits = max(min(per_row(hi), triton.cdiv(capacity, min_tokens)), per_row(lo))
-    return max(1, min(splits, triton.cdiv(capacity, block_n), 256))
+    splits = max(1, min(splits, triton.cdiv(capacity, block_n), 256))
+    if wave > 0:
+        slots = wave * sms
+
+        def cost(s):
+            return triton.cdiv(s * rows, slots) * triton.cdiv(capacity, s), s
+
+        splits = min(range(max(1, min(per_row(lo), splits)), splits + 1), key=cost)
+    return splits
 
 
 def default_config(mode: str, *, overrides: bool = True, batch: int | None = None, capacity: int | None = None) -> dict:
@@ -963,6 +978,8 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     cfg["hot_in_budget"] = True
     # `splits`: a fixed split count (None: `choose_num_splits`), for experiments
     cfg["splits"] = None
+    # `wave`: the split kernel's programs an SM holds at once, for `choose_num_splits` to count waves (0: off)
+    cfg["wave"] = 0
     # `maxnreg`: a cap on the split kernel's registers per thread (ptxas `.maxnreg`; None: the compiler's
     # choice). Fewer registers let more warps share an SM, at the price of spills to local memory.
     cfg["maxnreg"] = None
@@ -1244,7 +1261,9 @@ class DecodeWorkspace:
         s = (
             num_splits
             or cfg["splits"]
-            or choose_num_splits(b, n_kv_heads, capacity, block_n, q.device, pps, nearest, cfg["split_tokens"])
+            or choose_num_splits(
+                b, n_kv_heads, capacity, block_n, q.device, pps, nearest, cfg["split_tokens"], cfg["wave"]
+            )
         )
         delegated = FORMATS[mode][1] == "delegated"
         if delegated:  # the last split takes the hot window. Counted in the budget, the grid keeps
