@@ -167,6 +167,7 @@ if GPU:  # compiled kernels only: bf16, and the shapes of the audit's default mo
     DECODE_CASES += [
         (1, 3, 3, 64, 32770, 32833, BF16, None),
         (2, 8, 4, 128, 20001, 20480, BF16, None),  # Llama-3.1-8B's heads past `long_capacity` (turbo4, turbo3-asym)
+        (8, 8, 4, 128, 32800, 32968, BF16, None),  # and at batch 8, 32K: split counts by waves (33, not 65)
         (1, 8, 4, 128, 8191, 8256, BF16, None),
         (4, 8, 4, 128, 2049, 2200, F16, None),
     ]
@@ -649,6 +650,31 @@ def test_launch_stages():
     assert choose_num_splits(16, 8, 32768, programs_per_sm=turbo3["programs_per_sm"]) == 9
 
 
+@pytest.mark.parametrize(
+    "batch, without, with_waves",
+    # one-warp programs, 8 an SM (1056 on 132 SMs), over 32,968 slots: the split count that takes the fewest
+    # waves x tokens per split; the fewer splits where two cost the same
+    [(1, 132, 132), (2, 66, 66), (4, 65, 33), (8, 65, 33), (16, 33, 33), (32, 17, 8), (47, 12, 11), (87, 7, 3)],
+)
+def test_choose_num_splits_counts_waves(batch, without, with_waves):
+    shape = dict(block_n=32, programs_per_sm=(8, 32), min_tokens=512)
+    assert choose_num_splits(batch, 8, 32968, **shape) == without
+    got = choose_num_splits(batch, 8, 32968, **shape, wave=8)
+    assert got == with_waves
+    rows, slots = batch * 8, 8 * 132
+
+    def cost(s):  # waves x tokens per split, as the rule counts them
+        return -(-s * rows // slots) * -(-32968 // s)
+
+    assert cost(got) <= cost(without)
+    lo = -(-8 * 132 // rows)  # the rule's lower bound: 8 programs an SM
+    assert all(cost(got) <= cost(s) for s in range(min(lo, without), without + 1))
+    # the long shape takes it; shorter caches and the other modes do not
+    assert default_config("turbo4", capacity=32968)["wave"] == 8
+    assert default_config("turbo3-asym", capacity=32968)["wave"] == 8
+    assert default_config("turbo4", capacity=8192)["wave"] == 0 and default_config("int8", capacity=32968)["wave"] == 0
+
+
 def test_launch_shape():
     """`short_split`: 64-token blocks on 3 stages where a batch-1 split spans two of the config's 128-token
     blocks (8K on 132 SMs: 33 splits of 251 tokens); the config's shape for one block or more than two,
@@ -684,7 +710,7 @@ def test_short_split_reaches_the_split_launch(mode, seed, monkeypatch):
 def test_long_shape_follows_the_capacity(monkeypatch):
     """Raw turbo4 and turbo3-asym take one-warp programs of 32-token blocks for caches of at least
     `long_capacity` slots (8 an SM at batch 1: 132 splits at 32K; up to 32 an SM at larger batches while
-    splits keep >= 512 tokens), their own shapes below that and where the capacity is not known; an
+    splits keep >= 512 tokens, counted in waves of 8 an SM), their own shapes below that and where the capacity is not known; an
     override of a knob wins over the long shape."""
     shape = ("block_n", "num_warps", "num_stages", "programs_per_sm")
     assert [default_config("turbo4", batch=1, capacity=32833)[k] for k in shape] == [32, 1, 2, (8, 32)]
@@ -704,9 +730,11 @@ def test_long_shape_follows_the_capacity(monkeypatch):
     for mode in ("turbo4", "turbo3-asym"):
         assert splits(mode, 1, 32833) == 132
         assert splits(mode, 8, 16448) == 33  # cdiv(16448, 512)
-        assert splits(mode, 8, 32833) == 65  # cdiv(32833, 512), under 32 programs an SM (66)
+        # counting waves (`wave`): 33 splits at batch 8 are 2 full waves, where 65 (cdiv(32833, 512)) were 3.94
+        assert splits(mode, 8, 32833) == 33
+        assert splits(mode, 4, 32833) == 33
         assert splits(mode, 16, 32833) == 33  # 32 programs an SM
-        assert splits(mode, 47, 32833) == 12
+        assert splits(mode, 47, 32833) == 11  # 12 without waves
     monkeypatch.setenv("KVBENCH_ATTN_CONFIG", '{"turbo4": {"block_n": 64, "long_shape": {"num_warps": 2}}}')
     assert [default_config("turbo4", batch=1, capacity=32833)[k] for k in shape] == [64, 2, 2, (4, 16)]
 

@@ -1096,8 +1096,15 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     # - turbo4-asym and delegated did not gain from it at 32K (turbo4-asym 1.0329 -> 1.0215 at batch 1,
     #   1.2334 -> 1.2177 at batch 4; delegated 1.0198 -> 1.0291 and 1.2252 -> 1.2153; both slower at batch 16,
     #   attention + append alone, twenty-third session), so they keep their own.
+    # - Twenty-seventh session (results/2026-12-04c-h200/wave-splits, alternating on one lease): the split count
+    #   counts waves of the 8 one-warp programs an SM holds (`wave`, see `choose_num_splits`). It changes only
+    #   32K: batch 4 and 8 65 -> 33 splits, 32 17 -> 8, 47 12 -> 11 (64 9 -> 4 and 87 7 -> 3, not measured).
+    #   Ratio to fp16: batch 8 turbo3-asym 1.2366 / 1.2345 -> 1.2552 / 1.2518, turbo4 1.2040 / 1.2050 -> 1.2104 /
+    #   1.2132; batch 4 1.2789 / 1.2792 -> 1.2958 / 1.2934 and 1.2201 / 1.2200 -> 1.2288 / 1.2283. tok/s at batch
+    #   32: 1111.8 -> 1150.9 and 1067.3 -> 1085.9; at 47: 1174.7 -> 1206.5 and 1129.0 -> 1147.3. Batch 1 (132
+    #   splits either way) read the same within 0.03 points.
     cfg["long_capacity"] = 16384
-    one_warp = {"block_n": 32, "num_warps": 1, "programs_per_sm": (8, 32), "split_tokens": 512}  # 2 stages (theirs)
+    one_warp = {"block_n": 32, "num_warps": 1, "programs_per_sm": (8, 32), "split_tokens": 512, "wave": 8}
     cfg["long_shape"] = {"turbo4": one_warp, "turbo3-asym": {**one_warp, "deep_stages": None}}.get(mode, {})
     asked = config_overrides().get(mode, {}) if overrides else {}
     cfg = {**cfg, **asked}

@@ -10,7 +10,7 @@ some() { python3 -c "import json,sys; print(json.dumps({m: json.loads(sys.argv[2
 # ab_run N CONFIG CONTEXTS BATCH MODES [LABEL]: decode-bench of dummy Llama-3.1-8B under KVBENCH_ATTN_CONFIG=CONFIG
 # into $OUT/r/run-N, then its one-line summary (scripts/exp/bench_summary.py); $AB_FLAGS: more decode-bench flags
 ab_run() {
-  KVBENCH_ATTN_CONFIG="$2" timeout 120 python3 -m kvbench decode-bench --model dummy:llama-3.1-8b \
+  KVBENCH_ATTN_CONFIG="$2" timeout ${AB_TIMEOUT:-120} python3 -m kvbench decode-bench --model dummy:llama-3.1-8b \
     --modes $5 --contexts $3 --batch $4 --warmup 8 --gen 64 --repeats 3 --quiet --devices 0 ${AB_FLAGS:-} \
     --out $OUT/r/run-$1 > $OUT/r/run-$1.log 2>&1
   echo "run $1 (${6:-} $3 B=$4) rc=$? t=$SECONDS"
