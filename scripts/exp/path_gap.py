@@ -78,14 +78,26 @@ def compare(a, b, margin=0.5) -> dict:
     }
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(doc: str, modes: str) -> argparse.Namespace:
+    """The command line this script and `write_gap.py` share."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--contexts", default="2048,32768")
-    ap.add_argument("--modes", default=MODES)
+    ap.add_argument("--modes", default=modes)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def forced_tokens(s16: Session, ids, gen: int):
+    """fp16's greedy tokens on the reference path: what every path is forced on (as in the audit)."""
+    caches = s16.caches("fp16", capacity=ids.shape[1] + gen, kernel="reference")
+    first = prefill(s16.lm.model, ids, caches, s16.cfg.prefill_chunk)
+    return greedy_decode(s16.lm.model, first, caches, gen)[0]
+
+
+def main() -> int:
+    args = parse_args(__doc__, MODES)
     gpu = torch.cuda.is_available()
     if not gpu:
         print("# no CUDA GPU: the reference paths only (a dry run)")
@@ -99,11 +111,7 @@ def main() -> int:
         for s in (s16, s32):
             fit_context(s.lm, ctx, s.cfg.yarn)
         ids = prompt_ids(s16, ctx)
-        # fp16's greedy tokens on the reference path: what every path is forced on (as in the audit)
-        caches = s16.caches("fp16", capacity=ctx + args.gen, kernel="reference")
-        first = prefill(s16.lm.model, ids, caches, s16.cfg.prefill_chunk)
-        forced = greedy_decode(s16.lm.model, first, caches, args.gen)[0]
-        del caches
+        forced = forced_tokens(s16, ids, args.gen)
         for mode in modes:
             t0 = time.time()
             got = {}

@@ -20,7 +20,6 @@ Usage (GPU): python scripts/exp/write_gap.py --model M.gguf --contexts 2048,3276
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -29,10 +28,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from path_gap import open_session, prompt_ids
+from path_gap import forced_tokens, open_session, parse_args, prompt_ids
 
 from kvbench import quality
-from kvbench.engine.generate import greedy_decode, make_stepper, prefill, teacher_forced
+from kvbench.engine.generate import make_stepper, prefill, teacher_forced
 from kvbench.engine.weights import fit_context
 
 MODES = "fp16,int8,turbo4-asym,turbo3-asym,turbo4-delegated,turbo4"
@@ -93,13 +92,7 @@ def cache_diff(a, b) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--contexts", default="2048,32768")
-    ap.add_argument("--modes", default=MODES)
-    ap.add_argument("--gen", type=int, default=64)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = parse_args(__doc__, MODES)
     gpu = torch.cuda.is_available()
     if not gpu:
         print("# no CUDA GPU: every variant runs the reference path (a dry run of this script)")
@@ -111,10 +104,7 @@ def main() -> int:
         for s in (s16, s32):
             fit_context(s.lm, ctx, s.cfg.yarn)
         ids = prompt_ids(s16, ctx)
-        caches = s16.caches("fp16", capacity=ctx + args.gen, kernel="reference")
-        first = prefill(s16.lm.model, ids, caches, s16.cfg.prefill_chunk)
-        forced = greedy_decode(s16.lm.model, first, caches, args.gen)[0]  # fp16's greedy tokens, as in the audit
-        del caches
+        forced = forced_tokens(s16, ids, args.gen)
         for mode in modes:
             t0 = time.time()
             got = {v: run(s32, mode, ids, forced, v) for v in ("ref", "triton", "tri-refpf", "ref-triw")}
