@@ -69,3 +69,26 @@ def test_turbo4_budget_from_the_measured_files(capsys):
     assert tb.main(["--bench", "/nonexistent.csv"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("turbo4_budget:")
+
+
+def test_write_gap_counts_differing_coordinates_and_their_size():
+    """write_gap.cache_diff: per side, how many stored coordinates differ and the largest difference over its
+    row's largest |value| (one int8 step is 1/127 of it)."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts/exp"))
+    try:
+        import write_gap
+    finally:
+        sys.path.pop(0)
+    k = torch.arange(1.0, 25.0).view(1, 2, 3, 4)  # [B, H, T, D]
+    v = -k.clone()
+    a = [(k, v), (k.clone(), v.clone())]
+    k2, v2 = k.clone(), v.clone()
+    k2[0, 1, 2, 3] += 24 / 127  # one int8 step of its row (largest |value| 24)
+    b = [(k.clone(), v.clone()), (k2, v2)]
+    got = write_gap.cache_diff(a, b)
+    assert (got["k_differ"], got["v_differ"]) == (1, 0)
+    assert abs(got["k_frac"] - 1 / 48) < 1e-12 and got["v_max_rel"] == 0
+    assert abs(got["k_max_rel"] - 1 / 127) < 1e-6
+    assert write_gap.cache_diff(a, a)["k_differ"] == 0
