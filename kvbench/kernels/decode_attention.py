@@ -48,6 +48,7 @@ import functools
 import json
 import math
 import os
+from fractions import Fraction
 
 import torch
 import triton
@@ -892,9 +893,10 @@ def choose_num_splits(
 
     `wave`: the split kernel's programs an SM holds at once (0: ignore waves). The count is then
     the one, from the lower bound up to the rule's, that minimises waves x tokens per split
-    (the fewer splits on a tie): programs run in waves of `wave` x SMs, and a wave lasts as long
-    as its splits' tokens take. E.g. one-warp programs (8 an SM) at batch 8 over 32K: 33 splits
-    (two full waves of ~1000 tokens) rather than 65 (four of ~500, the last 94% full).
+    (the more splits on a tie): programs run in waves of `wave` x SMs, and a wave lasts as long
+    as its splits' tokens take, so the cost is waves / splits. E.g. one-warp programs (8 an SM)
+    at batch 8 over 32K: 33 splits (two full waves of ~1000 tokens) rather than 65 (four of
+    ~500, the last 94% full).
     """
     lo, hi = programs_per_sm
     sms = _sm_count(torch.device(device) if device is not None else torch.device("cpu"))
@@ -908,8 +910,9 @@ def choose_num_splits(
     if wave > 0:
         slots = wave * sms
 
-        def cost(s):
-            return triton.cdiv(s * rows, slots) * triton.cdiv(capacity, s), s
+        def cost(s):  # waves / splits ~ waves x tokens per split; on a tie the more splits (8 at batch 64
+            # over 32K read 0.4-0.5% faster than 4 on the H200, and 0-0.2% faster than the old 9)
+            return Fraction(triton.cdiv(s * rows, slots), s), -s
 
         splits = min(range(max(1, min(per_row(lo), splits)), splits + 1), key=cost)
     return splits
@@ -1098,11 +1101,13 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     #   attention + append alone, twenty-third session), so they keep their own.
     # - Twenty-seventh session (results/2026-12-04c-h200/wave-splits, alternating on one lease): the split count
     #   counts waves of the 8 one-warp programs an SM holds (`wave`, see `choose_num_splits`). It changes only
-    #   32K: batch 4 and 8 65 -> 33 splits, 32 17 -> 8, 47 12 -> 11 (64 9 -> 4 and 87 7 -> 3, not measured).
+    #   32K: batch 4 and 8 65 -> 33 splits, 32 17 -> 16, 47 12 -> 11, 64 9 -> 8, 87 7 -> 6. At 64, 4 splits
+    #   (as cheap by the count as 8) read 1191-1193 tok/s against 1195-1196 with 9 and 1196-1198 with 8, so a
+    #   tie goes to the more splits. Timed at 4, 8, 47 and 64; 32 only at 8 splits (a tie with 16 then broken the
+    #   other way: turbo3-asym 1111.8 -> 1150.9 tok/s, turbo4 1067.3 -> 1085.9); 87 does not fit a timed run.
     #   Ratio to fp16: batch 8 turbo3-asym 1.2366 / 1.2345 -> 1.2552 / 1.2518, turbo4 1.2040 / 1.2050 -> 1.2104 /
-    #   1.2132; batch 4 1.2789 / 1.2792 -> 1.2958 / 1.2934 and 1.2201 / 1.2200 -> 1.2288 / 1.2283. tok/s at batch
-    #   32: 1111.8 -> 1150.9 and 1067.3 -> 1085.9; at 47: 1174.7 -> 1206.5 and 1129.0 -> 1147.3. Batch 1 (132
-    #   splits either way) read the same within 0.03 points.
+    #   1.2132; batch 4 1.2789 / 1.2792 -> 1.2958 / 1.2934 and 1.2201 / 1.2200 -> 1.2288 / 1.2283. tok/s at 47:
+    #   1174.7 -> 1206.5 and 1129.0 -> 1147.3. Batch 1 (132 splits either way) read the same within 0.03 points.
     cfg["long_capacity"] = 16384
     one_warp = {"block_n": 32, "num_warps": 1, "programs_per_sm": (8, 32), "split_tokens": 512, "wave": 8}
     cfg["long_shape"] = {"turbo4": one_warp, "turbo3-asym": {**one_warp, "deep_stages": None}}.get(mode, {})
