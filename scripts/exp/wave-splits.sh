@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Twenty-seventh session: `wave` (choose_num_splits counts waves of the one-warp long shape's programs, 8 an SM)
-# against the defaults, alternating on one lease, dummy Llama-3.1-8B, --no-fallback. Where it changes the split
-# count (long shape, 132 SMs): 32K batch 4 and 8 (65 -> 33), batch 32 (17 -> 8), 47 (12 -> 11), 64 (9 -> 4),
-# 87 (7 -> 3); batch 1, 2, 16 and every 16K batch up to 16 keep theirs.
+# against the defaults of then (no `wave`), alternating on one lease, dummy Llama-3.1-8B, --no-fallback. Where its
+# first version (ties to the fewer splits) changed the split count (long shape, 132 SMs): 32K batch 4 and 8
+# (65 -> 33), batch 32 (17 -> 8), 47 (12 -> 11), 64 (9 -> 4), 87 (7 -> 3); batch 1, 2, 16 and every 16K batch up to
+# 16 keep theirs. `wave` is the default now: the `def` variant below reproduces these runs only with
+# '{"turbo3-asym": {"wave": 0}, "turbo4": {"wave": 0}}', and the final rule gives batch 32 16, 64 8, 87 6.
 # PART=a: 32K, batch 4 and 8, with fp16 (ratios). PART=b: 32K, batch 32, 47 and 87 (turbo4 alone at 87).
 # PART=c: batch 1 and the largest batch that fits at 32K (--capacity), turbo3-asym and turbo4.
 # Prediction: batch 8 +0.6-1.8 points (the twenty-fourth session's 33 against 65); batch 4 within +-1;
