@@ -320,17 +320,20 @@ class ResultsWriter:
         for path in (self.csv_path, self.json_path):
             try:
                 with open(path, "rb+") as f:
-                    data = f.read()
-                    if not data or data.endswith(b"\n"):
-                        continue
-                    keep = data.rfind(b"\n") + 1
+                    size = f.seek(0, os.SEEK_END)
+                    if size:
+                        f.seek(-1, os.SEEK_END)
+                    if size == 0 or f.read(1) == b"\n":
+                        continue  # the usual case: one byte read, not the whole file
+                    f.seek(0)
+                    keep = f.read().rfind(b"\n") + 1
                     f.truncate(keep)
             except FileNotFoundError:
                 continue
             except OSError as exc:
                 raise KvbenchError(f"cannot repair {path}: {exc.strerror or exc}") from None
             what = "its header" if keep == 0 else "the last line"
-            notes.append(f"{path}: {what} was cut short ({len(data) - keep} bytes without a newline); dropped it")
+            notes.append(f"{path}: {what} was cut short ({size - keep} bytes without a newline); dropped it")
         return notes
 
     def check_header(self) -> None:

@@ -395,10 +395,12 @@ def tuning_grid(grid, splits, shape=(128, 4)):
     ]
 
 
-def explicit_config(spec, b, length, programs_per_sm, nearest, device, min_tokens=1024):
+def explicit_config(spec, b, length, programs_per_sm, nearest, device, min_tokens=1024, wave=0):
     """{num_splits, block_n, num_warps, num_stages} from "BLOCK_N/WARPS/STAGES[/SPLITS]"."""
     n, w, st, *rest = (int(v) for v in spec.split("/"))
-    splits = rest[0] if rest else choose_num_splits(b, HKV, length, n, device, programs_per_sm, nearest, min_tokens)
+    splits = (
+        rest[0] if rest else choose_num_splits(b, HKV, length, n, device, programs_per_sm, nearest, min_tokens, wave)
+    )
     return {"num_splits": splits, "block_n": n, "num_warps": w, "num_stages": st}
 
 
@@ -531,6 +533,7 @@ def run(args):
         for mode in modes:
             cfg = default_config(kernel_mode(mode)[0], batch=b, capacity=length)
             pps, nearest, floor = cfg.pop("programs_per_sm"), cfg.pop("nearest", False), cfg["split_tokens"]
+            wave = cfg["wave"]  # read here: not a launch argument, so the filter below drops it
             not_split_knobs = ("deep_stages", "deep_any_occupancy", "fuse_append", "reduce_warps", "hot_in_budget")
             not_split_knobs += tuple(VARIANTS_KEYS)
             for key in not_split_knobs:
@@ -540,12 +543,12 @@ def run(args):
             cfg["rotated_out"] = bool(cfg.pop("fold_v", False))
             cfg = {k: v for k, v in cfg.items() if k in LAUNCH_ARGS}
             cfg["num_stages"] = None  # as the launcher picks it (launch_stages)
-            default_splits = choose_num_splits(
-                b, HKV, length, cfg["block_n"], device, pps, nearest, floor, cfg.get("wave", 0)
-            )
+            default_splits = choose_num_splits(b, HKV, length, cfg["block_n"], device, pps, nearest, floor, wave)
             configs = [{"num_splits": None, **cfg}]
             if args.tune and args.configs:
-                configs += [explicit_config(c, b, length, pps, nearest, device, floor) for c in args.configs.split(",")]
+                configs += [
+                    explicit_config(c, b, length, pps, nearest, device, floor, wave) for c in args.configs.split(",")
+                ]
             elif args.tune:
                 configs += tuning_grid(args.grid, default_splits, (cfg["block_n"], cfg["num_warps"]))
             configs = [{"rotated_out": cfg["rotated_out"], **c} for c in configs]

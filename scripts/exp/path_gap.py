@@ -96,6 +96,15 @@ def forced_tokens(s16: Session, ids, gen: int):
     return greedy_decode(s16.lm.model, first, caches, gen)[0]
 
 
+def contexts(args: argparse.Namespace, s16: Session, s32: Session):
+    """Per context of --contexts: (context, the audit's prompt ids, fp16's forced tokens), RoPE set on both."""
+    for ctx in map(int, args.contexts.split(",")):
+        for s in (s16, s32):
+            fit_context(s.lm, ctx, s.cfg.yarn)
+        ids = prompt_ids(s16, ctx)
+        yield ctx, ids, forced_tokens(s16, ids, args.gen)
+
+
 def main() -> int:
     args = parse_args(__doc__, MODES)
     gpu = torch.cuda.is_available()
@@ -107,11 +116,7 @@ def main() -> int:
     rows = []
     print(f"{'ctx':>6} {'mode':<17} {'variant':<14} {'KL(ref||x)':>11} {'flips':>5} {'margin':>6} {'max|d|':>7} "
           f"{'KL(ref32||x)':>12}")  # fmt: skip
-    for ctx in map(int, args.contexts.split(",")):
-        for s in (s16, s32):
-            fit_context(s.lm, ctx, s.cfg.yarn)
-        ids = prompt_ids(s16, ctx)
-        forced = forced_tokens(s16, ids, args.gen)
+    for ctx, ids, forced in contexts(args, s16, s32):
         for mode in modes:
             t0 = time.time()
             got = {}

@@ -28,11 +28,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from path_gap import forced_tokens, open_session, parse_args, prompt_ids
+from path_gap import contexts, open_session, parse_args
 
 from kvbench import quality
 from kvbench.engine.generate import make_stepper, prefill, teacher_forced
-from kvbench.engine.weights import fit_context
 
 MODES = "fp16,int8,turbo4-asym,turbo3-asym,turbo4-delegated,turbo4"
 
@@ -100,11 +99,7 @@ def main() -> int:
     s16 = open_session(args.model, "bfloat16", ["fp16"])
     s32 = open_session(args.model, "float32", modes)
     rows = []
-    for ctx in map(int, args.contexts.split(",")):
-        for s in (s16, s32):
-            fit_context(s.lm, ctx, s.cfg.yarn)
-        ids = prompt_ids(s16, ctx)
-        forced = forced_tokens(s16, ids, args.gen)
+    for ctx, ids, forced in contexts(args, s16, s32):
         for mode in modes:
             t0 = time.time()
             got = {v: run(s32, mode, ids, forced, v) for v in ("ref", "triton", "tri-refpf", "ref-triw")}
