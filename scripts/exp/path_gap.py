@@ -78,14 +78,16 @@ def compare(a, b, margin=0.5) -> dict:
     }
 
 
-def parse_args(doc: str, modes: str) -> argparse.Namespace:
-    """The command line this script and `write_gap.py` share."""
+def parse_args(doc: str, modes: str, extra: list[tuple[str, str]] = ()) -> argparse.Namespace:
+    """The command line this script, `write_gap.py` and `repro_probe.py` share; `extra`: (flag, default) more."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--contexts", default="2048,32768")
     ap.add_argument("--modes", default=modes)
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--json", default=None)
+    for flag, default in extra:
+        ap.add_argument(flag, default=default)
     return ap.parse_args()
 
 
@@ -96,10 +98,10 @@ def forced_tokens(s16: Session, ids, gen: int):
     return greedy_decode(s16.lm.model, first, caches, gen)[0]
 
 
-def contexts(args: argparse.Namespace, s16: Session, s32: Session):
-    """Per context of --contexts: (context, the audit's prompt ids, fp16's forced tokens), RoPE set on both."""
+def contexts(args: argparse.Namespace, s16: Session, *more: Session):
+    """Per context of --contexts: (context, the audit's prompt ids, fp16's forced tokens), RoPE set on all."""
     for ctx in map(int, args.contexts.split(",")):
-        for s in (s16, s32):
+        for s in (s16, *more):
             fit_context(s.lm, ctx, s.cfg.yarn)
         ids = prompt_ids(s16, ctx)
         yield ctx, ids, forced_tokens(s16, ids, args.gen)

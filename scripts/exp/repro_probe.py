@@ -15,6 +15,7 @@ Usage (GPU): python scripts/exp/repro_probe.py --model M.gguf --contexts 32768 -
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import subprocess
 import sys
@@ -65,34 +66,35 @@ def machine() -> dict:
 
 
 def main() -> int:
-    args = parse_args(__doc__, "int8")
-    repeats = 2
+    args = parse_args(__doc__, "int8", extra=[("--dtypes", "float32"), ("--repeats", "2")])
+    repeats = int(args.repeats)
     gpu = torch.cuda.is_available()
     info = machine()
     for k, v in info.items():
         print(f"# {k}: {v}", flush=True)
     modes = args.modes.split(",")
     s16 = open_session(args.model, "bfloat16", ["fp16"])
-    s32 = open_session(args.model, "float32", modes)
+    sessions = {dt: open_session(args.model, dt, modes) for dt in args.dtypes.split(",")}
     rows = []
-    for ctx, ids, forced in contexts(args, s16, s32):
+    for ctx, ids, forced in contexts(args, s16, *sessions.values()):
         print(f"{ctx:>6} forced tokens {digest(forced)} {forced.flatten()[:8].tolist()}", flush=True)
         rows.append({"context": ctx, "forced": digest(forced)})
-        for mode in modes:
-            for r in range(repeats):
-                got = {}
-                for v in ("ref", "triton") if gpu else ("ref",):
-                    logits, pf, end = run(s32, mode, ids, forced, v)
-                    got[v] = logits
-                    row = {"context": ctx, "mode": mode, "repeat": r, "variant": v, "logits": digest(logits)}
-                    row.update(prefill=cache_digest(pf), end=cache_digest(end))
-                    rows.append(row)
-                    print(f"{ctx:>6} {mode:<17} run {r} {v:<7} logits {row['logits']} prefill {row['prefill']} "
-                          f"end {row['end']}", flush=True)  # fmt: skip
-                if "triton" in got:
-                    kl = quality.path_agreement(got["ref"], got["triton"], 0.5).kl
-                    rows.append({"context": ctx, "mode": mode, "repeat": r, "kl_ref_triton": kl})
-                    print(f"{ctx:>6} {mode:<17} run {r} KL(ref || triton) {kl:.6g}", flush=True)
+        for (dt, s), mode, r in itertools.product(sessions.items(), modes, range(repeats)):
+            got = {}
+            for v in ("ref", "triton") if gpu else ("ref",):
+                logits, pf, end = run(s, mode, ids, forced, v)
+                got[v] = logits
+                row = {"context": ctx, "dtype": dt, "mode": mode, "repeat": r, "variant": v}
+                # position 0 is the prefill's last logits: there only the prefill has run
+                row.update(pos0=digest(logits[:1]), logits=digest(logits), prefill=cache_digest(pf))
+                row["end"] = cache_digest(end)
+                rows.append(row)
+                print(f"{ctx:>6} {dt:<8} {mode:<17} run {r} {v:<7} pos0 {row['pos0']} logits {row['logits']} "
+                      f"prefill {row['prefill']} end {row['end']}", flush=True)  # fmt: skip
+            if "triton" in got:
+                kl = quality.path_agreement(got["ref"], got["triton"], 0.5).kl
+                rows.append({"context": ctx, "dtype": dt, "mode": mode, "repeat": r, "kl_ref_triton": kl})
+                print(f"{ctx:>6} {dt:<8} {mode:<17} run {r} KL(ref || triton) {kl:.6g}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
     return 0
