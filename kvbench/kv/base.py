@@ -12,11 +12,13 @@ is what lets trimming and growth treat all buffers alike.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from kvbench.errors import KvbenchError
 from kvbench.kernels.reference import sparse_weights
@@ -245,10 +247,20 @@ def _clone_layout(x: torch.Tensor) -> torch.Tensor:
     return out.copy_(x)
 
 
+#: the backends the reference attention may use on a GPU: every one but cuDNN's. On the H200 (torch 2.11,
+#: cuDNN 9.19) torch picked cuDNN for the default model's bf16 prefill chunks and decode steps, and the decode
+#: there was not reproducible: one process gave other greedy tokens at 32K than another that had run a 2K or
+#: 8K prompt first (same prefill, bit for bit), so the audit's 8K / 32K kernel-check KLs moved from run to
+#: run (scripts/exp/history_probe.py, results/2026-12-04d-h200). Without it these shapes (a mask, or grouped
+#: query heads) take the math backend, which gave the same tokens after any history.
+REFERENCE_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, sparse_v: float = 0.0) -> torch.Tensor:
     """Scaled dot-product attention where the last T keys are the queries' own
     chunk (causal, aligned bottom-right) and every earlier key is visible. A decode
-    step (T = 1) with `sparse_v` > 0 skips V wherever the softmax weight is below it."""
+    step (T = 1) with `sparse_v` > 0 skips V wherever the softmax weight is below it.
+    On a GPU it runs on `REFERENCE_SDPA_BACKENDS` only."""
     t, s = q.shape[2], k.shape[2]
     if t == 1 and (sparse_v > 0 or (q.device.type == "cpu" and q.dtype != torch.float32)):
         return _decode_attention_cpu(q, k, v, scale, sparse_v)
@@ -256,7 +268,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, sparse
     if t > 1:
         mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
     gqa = q.shape[1] != k.shape[1]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    with sdpa_kernel(list(REFERENCE_SDPA_BACKENDS)) if q.is_cuda else contextlib.nullcontext():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
 def _decode_attention_cpu(q, k, v, scale, sparse_v=0.0):

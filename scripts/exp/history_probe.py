@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import hashlib
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -47,12 +48,13 @@ def main() -> int:
         for ctx in map(int, args.order.split(",")):
             fit_context(s.lm, ctx, s.cfg.yarn)
             ids = prompt_ids(s, ctx)
+            t0 = time.perf_counter()
             caches = s.caches("fp16", capacity=ids.shape[1] + args.gen, kernel="reference")
             first = prefill(s.lm.model, ids, caches, s.cfg.prefill_chunk)
             kv = digest(*(x for c in caches for x in c.dequantized()))
             tokens = greedy_decode(s.lm.model, first, caches, args.gen)[0]
             print(f"sdpa={args.sdpa:<9} order={args.order:<20} ctx={ctx:>6} prefill-kv {kv} last-logits "
-                  f"{digest(first)} tokens {digest(tokens)}", flush=True)  # fmt: skip
+                  f"{digest(first)} tokens {digest(tokens)} {time.perf_counter() - t0:.1f} s", flush=True)  # fmt: skip
             del caches, first
             torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return 0
