@@ -118,3 +118,20 @@ def test_aliases_resolve():
     assert registry.resolve("i8") == "int8"
     assert registry.parse_modes("all")[0] == "fp16"
     assert registry.parse_modes("i8,int8,fp16") == ["int8", "fp16"]
+
+
+def test_reference_attention_leaves_cudnn_out_on_a_gpu():
+    """On the H200 torch's cuDNN attention made the reference decode depend on what the process ran before
+    (results/2026-12-04d-h200/history-probe): on a GPU the reference path runs without it. The flags are
+    global, so this checks them inside the scope on a CPU machine too."""
+    from torch.backends import cuda as tbc
+
+    from kvbench.kv.base import reference_backends
+
+    before = (tbc.cudnn_sdp_enabled(), tbc.math_sdp_enabled(), tbc.flash_sdp_enabled())
+    with reference_backends(torch.device("cuda")):
+        assert not tbc.cudnn_sdp_enabled()
+        assert tbc.math_sdp_enabled() and tbc.flash_sdp_enabled() and tbc.mem_efficient_sdp_enabled()
+    assert (tbc.cudnn_sdp_enabled(), tbc.math_sdp_enabled(), tbc.flash_sdp_enabled()) == before
+    with reference_backends(torch.device("cpu")):  # the CPU keeps torch's choice
+        assert (tbc.cudnn_sdp_enabled(), tbc.math_sdp_enabled(), tbc.flash_sdp_enabled()) == before

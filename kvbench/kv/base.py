@@ -268,8 +268,13 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, sparse
     if t > 1:
         mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
     gqa = q.shape[1] != k.shape[1]
-    with sdpa_kernel(list(REFERENCE_SDPA_BACKENDS)) if q.is_cuda else contextlib.nullcontext():
+    with reference_backends(q.device):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+def reference_backends(device: torch.device):
+    """The scope `sdpa` calls torch's attention in: `REFERENCE_SDPA_BACKENDS` on a GPU, torch's choice elsewhere."""
+    return sdpa_kernel(list(REFERENCE_SDPA_BACKENDS)) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _decode_attention_cpu(q, k, v, scale, sparse_v=0.0):
