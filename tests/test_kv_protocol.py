@@ -120,18 +120,22 @@ def test_aliases_resolve():
     assert registry.parse_modes("i8,int8,fp16") == ["int8", "fp16"]
 
 
-def test_reference_attention_leaves_cudnn_out_on_a_gpu():
+def test_reference_decode_leaves_cudnn_out_on_a_gpu():
     """On the H200 torch's cuDNN attention made the reference decode depend on what the process ran before
-    (results/2026-12-04d-h200/history-probe): on a GPU the reference path runs without it. The flags are
-    global, so this checks them inside the scope on a CPU machine too."""
+    (results/2026-12-04d-h200/history-probe): on a GPU the reference decode runs without it; prefill chunks and
+    the CPU keep torch's choice. The flags are global, so this checks them on a CPU machine too."""
     from torch.backends import cuda as tbc
 
     from kvbench.kv.base import reference_backends
 
-    before = (tbc.cudnn_sdp_enabled(), tbc.math_sdp_enabled(), tbc.flash_sdp_enabled())
-    with reference_backends(torch.device("cuda")):
+    def flags():
+        return (tbc.cudnn_sdp_enabled(), tbc.math_sdp_enabled(), tbc.flash_sdp_enabled())
+
+    before = flags()
+    with reference_backends(torch.device("cuda"), decode=True):
         assert not tbc.cudnn_sdp_enabled()
         assert tbc.math_sdp_enabled() and tbc.flash_sdp_enabled() and tbc.mem_efficient_sdp_enabled()
-    assert (tbc.cudnn_sdp_enabled(), tbc.math_sdp_enabled(), tbc.flash_sdp_enabled()) == before
-    with reference_backends(torch.device("cpu")):  # the CPU keeps torch's choice
-        assert (tbc.cudnn_sdp_enabled(), tbc.math_sdp_enabled(), tbc.flash_sdp_enabled()) == before
+    assert flags() == before
+    for device, decode in (("cuda", False), ("cpu", True), ("cpu", False)):
+        with reference_backends(torch.device(device), decode=decode):
+            assert flags() == before

@@ -247,12 +247,14 @@ def _clone_layout(x: torch.Tensor) -> torch.Tensor:
     return out.copy_(x)
 
 
-#: the backends the reference attention may use on a GPU: every one but cuDNN's. On the H200 (torch 2.11,
-#: cuDNN 9.19) torch picked cuDNN for the default model's bf16 prefill chunks and decode steps, and the decode
-#: there was not reproducible: one process gave other greedy tokens at 32K than another that had run a 2K or
-#: 8K prompt first (same prefill, bit for bit), so the audit's 8K / 32K kernel-check KLs moved from run to
-#: run (scripts/exp/history_probe.py, results/2026-12-04d-h200). Without it these shapes (a mask, or grouped
-#: query heads) take the math backend, which gave the same tokens after any history.
+#: the backends the reference attention's decode steps may use on a GPU: every one but cuDNN's. On the H200
+#: (torch 2.11, cuDNN 9.19) torch picked cuDNN for the default model's bf16 decode, and it was not reproducible:
+#: one process gave other greedy tokens at 32K than another that had run a 2K or 8K prompt first, from the same
+#: prefill bit for bit, so the audit's 8K / 32K kernel-check KLs moved from run to run
+#: (scripts/exp/history_probe.py, results/2026-12-04d-h200). Without cuDNN the tokens were the same after any
+#: history. Prefill chunks keep torch's choice: cuDNN's prefill repeated bit for bit on every machine and
+#: history tried, and the math backend it would fall back to (a mask and grouped query heads rule out the
+#: others) holds a [heads, chunk, context] score matrix, 8.6 GB a layer for an 8B model at 32K.
 REFERENCE_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 
@@ -260,7 +262,7 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, sparse
     """Scaled dot-product attention where the last T keys are the queries' own
     chunk (causal, aligned bottom-right) and every earlier key is visible. A decode
     step (T = 1) with `sparse_v` > 0 skips V wherever the softmax weight is below it.
-    On a GPU it runs on `REFERENCE_SDPA_BACKENDS` only."""
+    A decode step on a GPU runs on `REFERENCE_SDPA_BACKENDS` only."""
     t, s = q.shape[2], k.shape[2]
     if t == 1 and (sparse_v > 0 or (q.device.type == "cpu" and q.dtype != torch.float32)):
         return _decode_attention_cpu(q, k, v, scale, sparse_v)
@@ -268,13 +270,16 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, sparse
     if t > 1:
         mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(s - t)
     gqa = q.shape[1] != k.shape[1]
-    with reference_backends(q.device):
+    with reference_backends(q.device, decode=t == 1):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
-def reference_backends(device: torch.device):
-    """The scope `sdpa` calls torch's attention in: `REFERENCE_SDPA_BACKENDS` on a GPU, torch's choice elsewhere."""
-    return sdpa_kernel(list(REFERENCE_SDPA_BACKENDS)) if device.type == "cuda" else contextlib.nullcontext()
+def reference_backends(device: torch.device, decode: bool):
+    """The scope `sdpa` calls torch's attention in: `REFERENCE_SDPA_BACKENDS` for a decode step on a GPU,
+    torch's choice otherwise."""
+    if decode and device.type == "cuda":
+        return sdpa_kernel(list(REFERENCE_SDPA_BACKENDS))
+    return contextlib.nullcontext()
 
 
 def _decode_attention_cpu(q, k, v, scale, sparse_v=0.0):
