@@ -4,7 +4,9 @@ command line (the command line wins), validated before any work starts."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import tomllib
@@ -206,8 +208,12 @@ def validate(cfg, where: str = "command line") -> None:
             bad("memory-budget-gb", f"must be a positive number of GB, got {cfg.memory_budget_gb}")
 
 
+_COUNT = re.compile(r"([-+]?(?:\d+(?:\.\d*)?|\.\d+))(k?)")
+
+
 def parse_int_list(text: str | None, name: str) -> list[int] | None:
-    """'2048,8k,32K' -> [2048, 8192, 32768]; one-line errors for junk."""
+    """'2048,8k,32K,1.5k' -> [2048, 8192, 32768, 1536]; one-line errors for junk, and for a value that is not
+    whole ('1.5', '0.1k'): it is refused, not rounded."""
     if text is None:
         return None
     out = []
@@ -215,13 +221,11 @@ def parse_int_list(text: str | None, name: str) -> list[int] | None:
         s = part.strip().lower()
         if not s:
             continue
-        mult = 1
-        if s.endswith("k"):
-            mult, s = 1024, s[:-1]
-        try:
-            value = int(float(s) * mult) if "." in s else int(s) * mult
-        except ValueError:
-            raise KvbenchError(f"--{name}: '{part.strip()}' is not a whole number") from None
+        m = _COUNT.fullmatch(s)
+        exact = Fraction(m.group(1)) * (1024 if m.group(2) else 1) if m else None
+        if exact is None or exact.denominator != 1:
+            raise KvbenchError(f"--{name}: '{part.strip()}' is not a whole number")
+        value = int(exact)
         if value <= 0:
             raise KvbenchError(f"--{name}: values must be positive, got {value}")
         out.append(value)

@@ -100,6 +100,9 @@ def test_sparse_v_rows_and_report(tmp_path):
         (["audit", "--model", "/nonexistent/model"], "model not found"),
         (["audit", "--model", "dummy:nope"], "unknown dummy preset"),
         (["audit", "--contexts", "abc"], "not a whole number"),
+        (["audit", "--contexts", "1.5"], "'1.5' is not a whole number"),
+        (["audit", "--contexts", "1.5e3"], "not a whole number"),
+        (["decode-bench", "--model", "dummy:tiny", "--batch", "2.5"], "batch: '2.5' is not a whole number"),
         (["audit", "--contexts", "0"], "must be positive"),
         (["audit", "--contexts", "-5"], "must be positive"),
         (["audit", "--model", "dummy:tiny", "--contexts", "100000000"], "exceeds|needs"),
@@ -391,3 +394,10 @@ def test_bench_summary_table_fits_a_narrow_console():
     for cell in ("turbo4-delegated", "1234.6", "1.004x", "63.81", "86%", "oom", "32K", "in bench.csv"):
         assert cell in text, cell
     assert "88844" not in text and "88844" in big and "in bench.csv" not in big
+
+
+def test_counts_take_k_and_whole_decimals():
+    from kvbench.config import parse_int_list
+
+    assert parse_int_list("2048, 8k,32K,1.5k,0.5K,3.", "contexts") == [2048, 8192, 32768, 1536, 512, 3]
+    assert parse_int_list(None, "contexts") is None
