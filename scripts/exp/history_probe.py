@@ -3,7 +3,8 @@
 `repro_probe.py` found fp16's greedy tokens at 32K (bf16, reference path, as the audit forces them) differ on one
 machine between a process that ran 8K first and one that ran 2K and 8K first; on the CPU they do not. This
 prints, per context in --order: digests of the prefill's stored K/V, of the prefill's last logits and of the
-greedy tokens, under --sdpa (default: torch's choice; math / efficient / cudnn / flash: that backend only).
+greedy tokens, under --sdpa (default: what the code picks, i.e. torch's choice before 9e016e0 and the reference
+decode without cuDNN from it on; math / efficient / cudnn / flash: that backend only).
 
 Usage (GPU): python scripts/exp/history_probe.py --model M.gguf --order 2048,32768 [--sdpa math]
 """
