@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-eighth session: bf16 greedy tokens at 32K by what the process ran before, per SDPA backend
-# (scripts/exp/history_probe.py). Needs the default model joined into /tmp/kvbench-model (model-lib.sh).
-set -u
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH=/tmp/site:$PWD
-G=/tmp/kvbench-model/SmolLM2-135M-Instruct.Q4_1.gguf
+# (scripts/exp/history_probe.py). The default model comes over in thirds (scripts/exp/model-lib.sh says how).
+source scripts/exp/model-lib.sh
 mkdir -p $OUT/history-probe
 for sdpa in ${SDPAS:-default math efficient}; do
   for order in ${ORDERS:-32768 2048,32768 8192,32768}; do
