@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
+import functools
 import sys
 import time
 from pathlib import Path
@@ -22,17 +22,13 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from path_gap import digest as full_digest
 from path_gap import open_session, prompt_ids
 
 from kvbench.engine.generate import greedy_decode, prefill
 from kvbench.engine.weights import fit_context
 
-
-def digest(*tensors) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().float().contiguous().cpu().numpy().tobytes())
-    return h.hexdigest()[:12]
+digest = functools.partial(full_digest, length=12, as_float=True)
 
 
 def main() -> int:
@@ -57,7 +53,8 @@ def main() -> int:
             print(f"sdpa={args.sdpa:<9} order={args.order:<20} ctx={ctx:>6} prefill-kv {kv} last-logits "
                   f"{digest(first)} tokens {digest(tokens)} {time.perf_counter() - t0:.1f} s", flush=True)  # fmt: skip
             del caches, first
-            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
     return 0
 
 

@@ -24,6 +24,7 @@ Usage (GPU): python scripts/exp/path_gap.py --model M.gguf --contexts 2048,32768
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -76,6 +77,16 @@ def compare(a, b, margin=0.5) -> dict:
         "worst_margin": agree.worst_margin,
         "max_diff": (a - b).abs().max().item(),
     }
+
+
+def digest(*tensors, length: int = 16, as_float: bool = False) -> str:
+    """The first `length` hex digits of a sha256 over the tensors' bytes (after a cast to float32 with
+    `as_float`): what repro_probe.py and history_probe.py print to tell results apart."""
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().float() if as_float else t.detach()
+        h.update(t.contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:length]
 
 
 def parse_args(doc: str, modes: str, extra: list[tuple[str, str]] = ()) -> argparse.Namespace:

@@ -14,7 +14,6 @@ Usage (GPU): python scripts/exp/repro_probe.py --model M.gguf --contexts 32768 -
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import subprocess
@@ -24,17 +23,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from path_gap import contexts, open_session, parse_args
+from path_gap import contexts, digest, open_session, parse_args
 from write_gap import run
 
 from kvbench import quality
-
-
-def digest(*tensors) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.detach().contiguous().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def cache_digest(layers) -> str:
