@@ -22,9 +22,9 @@ app = typer.Typer(
     rich_markup_mode="rich",
     help=(
         "Audit and benchmark quantized KV caches.\n\n"
-        "  [bold]kvbench audit[/bold]          which modes run, and is their output still right?\n\n"
-        "  [bold]kvbench decode-bench[/bold]   what does each mode cost or buy in decode speed and memory?\n\n"
-        "  [bold]kvbench report[/bold]         results CSVs -> report.md with tables and plots\n\n"
+        "[bold]kvbench audit[/bold]          which modes run, and is their output still right?\n"
+        "[bold]kvbench decode-bench[/bold]   decode speed and memory: what each mode costs or buys\n"
+        "[bold]kvbench report[/bold]         results CSVs -> report.md with tables and plots\n\n"
         "Comma lists sweep an axis (--modes fp16,int8 --contexts 2k,8k). With no --model the "
         "embedded SmolLM2-135M-Instruct runs."
     ),
@@ -196,9 +196,24 @@ def _common(**kw) -> dict:
     return out
 
 
+def _reflow(doc: str) -> str:
+    """A docstring's prose paragraphs as single lines, so the terminal (not the source's line length) wraps them.
+
+    Typer's rich help keeps single line breaks; a paragraph wrapped at 100 columns in the source then breaks
+    twice in an 80-column terminal. Paragraphs whose lines are indented (examples) stay as written."""
+    import inspect
+
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(
+        p if all(line.startswith("  ") for line in p.splitlines()) else " ".join(p.split("\n")) for p in paragraphs
+    )
+
+
 def friendly(fn):
-    """Bad input is one line on stderr and exit code 2, never a traceback."""
+    """Bad input is one line on stderr and exit code 2, never a traceback. Also reflows the help (`_reflow`)."""
     import functools
+
+    fn.__doc__ = _reflow(fn.__doc__ or "")
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -455,11 +470,11 @@ def audit(
 
       kvbench audit --modes int8,turbo4-asym --contexts 2k,8k
 
-      kvbench audit --model dummy:tiny --contexts 256 --gen-tokens 8   (a smoke run in seconds)
+      kvbench audit --model dummy:tiny --contexts 256 --gen-tokens 8   (smoke run)
 
-      kvbench audit --modes int8 --ppl --kv-cap-check 256 --niah --out results/int8-checks
+      kvbench audit --modes int8 --ppl --niah --kv-cap-check 256 -o results/int8
 
-      kvbench audit --config configs/ci-tiny.toml --resume   (continue an interrupted sweep)
+      kvbench audit --config configs/ci-tiny.toml --resume   (resume a sweep)
     """
     cli = _common(**{k: v for k, v in locals().items() if k not in ("config", "kv_cap_check", "niah_depths")})
     cli["kv_caps"] = config_mod.parse_int_list(kv_cap_check, "kv-cap-check")
@@ -540,7 +555,7 @@ def decode_bench(
 
       kvbench decode-bench --model dummy:llama-3.1-8b --contexts 2k,32k --capacity
 
-      kvbench decode-bench --model dummy:tiny --contexts 256 --gen 4 --repeats 1   (a smoke run)
+      kvbench decode-bench --model dummy:tiny --contexts 256 --gen 4 --repeats 1
     """
     cli = _common(**{k: v for k, v in locals().items() if k not in ("config", "batch")})
     cli["batch"] = config_mod.parse_int_list(batch, "batch")

@@ -1,6 +1,7 @@
 """The three commands end to end on a tiny dummy model, and bad input."""
 
 import csv
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -138,7 +139,6 @@ def test_sparse_v_rows_and_report(tmp_path):
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(args, message, tmp_path, capsys, monkeypatch):
-    import re
     import sys
 
     out = tmp_path / "out"
@@ -170,6 +170,22 @@ def test_help_teaches_every_option():
         text = run([cmd, "--help"]).output
         for opt in ("--no-cuda-graphs", "--no-pdl", "--no-gemv-kernel"):
             assert opt in text, (cmd, opt)
+
+
+def test_help_prose_wraps_to_the_terminal_and_examples_fit_80_columns():
+    # typer's rich help keeps single line breaks: prose wrapped in the source broke twice in a narrow terminal
+    wide = runner.invoke(app, ["decode-bench", "--help"], env={"COLUMNS": "300"}).output
+    assert "over --repeats windows of --gen tokens. Ratios vs fp16" in wide
+    top = runner.invoke(app, ["--help"], env={"COLUMNS": "300"}).output
+    assert re.search(r"^ kvbench audit +which modes run", top, re.M), top
+    for cmd in ("audit", "decode-bench", "report"):
+        narrow = runner.invoke(app, [cmd, "--help"], env={"COLUMNS": "80"}).output.splitlines()
+        examples = [line for line in narrow if line.startswith("   kvbench ")]
+        assert examples, cmd
+        for i, line in enumerate(narrow):  # an example that wraps leaves its tail on a line of its own
+            if line.startswith("   kvbench "):
+                nxt = narrow[i + 1] if i + 1 < len(narrow) else ""
+                assert nxt.strip() == "" or nxt.startswith("   kvbench ") or nxt.startswith("╭"), (cmd, line, nxt)
 
 
 def test_modes_lists_registry():
