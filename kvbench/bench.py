@@ -18,7 +18,7 @@ import torch
 
 from kvbench import prompts
 from kvbench.engine.generate import KVCap, decode_one_token, prefill
-from kvbench.engine.weights import fit_context
+from kvbench.engine.weights import fit_context, past_trained
 from kvbench.errors import KvbenchError
 from kvbench.results import BENCH_COLUMNS
 from kvbench.runtime import (
@@ -91,6 +91,8 @@ class BenchJob:
                     self.p.cell_done()
                 continue
             rope_note = fit_context(self.s.lm, ctx, self.cfg.yarn)
+            past = past_trained(self.s.lm, ctx, self.s.total_positions(ctx), self.cfg.yarn)
+            rope_note = "; ".join(n for n in (rope_note, past) if n)
             base = None
             for mode in self.s.modes:  # fp16 first: every later cell's ratio is known when it is written
                 done = self.sweep.is_done(keys[mode])
@@ -316,7 +318,7 @@ class BenchJob:
             out.update(prefill_ms=round(secs * 1e3, 2), prefill_tok_s=round(batch * ctx / secs, 1))
             tok = logits.argmax(-1, keepdim=True)
         else:
-            random_fill(caches, ctx, s.lm.args, dev, s.dtype)
+            random_fill(caches, ctx, s.lm.args, dev, s.dtype, cap=cap)
             notes.append("context filled with random K/V (no prefill; synthetic model)")
             tok = torch.randint(3, s.lm.args.vocab_size, (batch, 1), device=dev)
         kv_bytes = sum(c.nbytes() for c in caches)
@@ -405,14 +407,23 @@ class BenchJob:
 
 
 @torch.inference_mode()
-def random_fill(caches: list, n_tokens: int, args, device, dtype, chunk: int = 2048, seed: int = 0) -> None:
+def random_fill(
+    caches: list, n_tokens: int, args, device, dtype, chunk: int = 2048, seed: int = 0, cap: KVCap | None = None
+) -> None:
     """Append `n_tokens` of random K/V (roughly unit-scale, like post-RoPE keys)
-    through each mode's own store path, in chunks to bound the extra memory."""
+    through each mode's own store path, in chunks to bound the extra memory. With `cap`
+    (--max-kv-size) the cache is trimmed around each chunk as a prefill's would be."""
     g = torch.Generator(device=device).manual_seed(seed)
     b, h, d = caches[0].batch, args.n_kv_heads, args.head_dim
+    if cap is not None:  # a chunk never outgrows the capped cache's buffers
+        chunk = max(1, min(chunk, cap.max_size - cap.keep))
     for start in range(0, n_tokens, chunk):
         t = min(chunk, n_tokens - start)
+        if cap is not None:
+            cap.before(caches, t)
         for c in caches:
             k = torch.randn((b, h, t, d), generator=g, device=device, dtype=torch.float32).to(dtype)
             v = torch.randn((b, h, t, d), generator=g, device=device, dtype=torch.float32).to(dtype)
             c.append(k, v)
+        if cap is not None:
+            cap.after(caches)

@@ -24,7 +24,9 @@ app = typer.Typer(
         "Audit and benchmark quantized KV caches.\n\n"
         "[bold]kvbench audit[/bold]          which modes run, and is their output still right?\n"
         "[bold]kvbench decode-bench[/bold]   decode speed and memory: what each mode costs or buys\n"
-        "[bold]kvbench report[/bold]         results CSVs -> report.md with tables and plots\n\n"
+        "[bold]kvbench report[/bold]         results CSVs -> report.md with tables and plots\n"
+        "[bold]kvbench plan[/bold]           split a sweep into commands for a cluster scheduler\n"
+        "[bold]kvbench modes[/bold]          list the KV modes and their aliases\n\n"
         "Comma lists sweep an axis (--modes fp16,int8 --contexts 2k,8k). With no --model the "
         "embedded SmolLM2-135M-Instruct runs."
     ),
@@ -265,6 +267,7 @@ def _run(job: str, cfg) -> None:
     console = _console(cfg.quiet)
     t0 = time.time()
     devices = parse_devices(cfg.devices)
+    _check_compare_kernels(cfg, devices)
     if len(devices) > 1:
         return _run_sharded(job, cfg, devices, console, t0)
     if devices:
@@ -300,6 +303,17 @@ def _run(job: str, cfg) -> None:
         raise typer.Exit(130) from None
     session.record_run(time.time() - t0)
     _finish(job, cfg, rows, writer, console, t0)
+
+
+def _check_compare_kernels(cfg, devices: list[str]) -> None:
+    """--compare-kernels without a GPU fails up front, as --kernel triton does (it would only write skipped rows)."""
+    if not getattr(cfg, "compare_kernels", False):
+        return
+    from kvbench.runtime import pick_device
+
+    kinds = [d.split(":")[0] for d in devices] if devices else [pick_device(cfg.device).type]
+    if any(k != "cuda" for k in kinds):
+        raise KvbenchError("--compare-kernels needs a CUDA GPU (it runs the Triton path beside the reference path)")
 
 
 def _finish(job, cfg, rows, writer, console, t0) -> None:
@@ -568,7 +582,9 @@ def report(
     results_dirs: Annotated[
         list[Path] | None,
         typer.Argument(
-            help="Results folder(s) to merge. \\[default: the newest folder under results/]", show_default=False
+            help="Results folder(s) to merge; files among several paths are skipped. "
+            "\\[default: the folder under results/ with the newest CSV]",
+            show_default=False,
         ),
     ] = None,
     out: Annotated[
@@ -589,23 +605,42 @@ def report(
 
       kvbench report results/2026-12-01-cpu
 
-      kvbench report results/sweep/* --out results/sweep/report.md
+      kvbench report results/sweep/*/ --out results/sweep/report.md
     """
     from kvbench.report import render_report
 
-    dirs = results_dirs or []
+    dirs = list(results_dirs or [])
     if not dirs:
-        candidates = sorted((p for p in Path("results").glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
-        if not candidates:
-            raise KvbenchError("no results folder given and none under results/")
-        dirs = [candidates[-1]]
+        dirs = [_newest_results_dir(Path("results"))]
+    elif len(dirs) > 1:  # `OUT/*` also matches files beside the folders (plan's jobs.txt, a report and its plots)
+        files = [d for d in dirs if d.is_file()]
+        dirs = [d for d in dirs if not d.is_file()]
+        if not dirs:
+            raise KvbenchError(f"none of the {len(files)} paths is a results folder (all are files)")
+        if files:
+            typer.echo(f"warning: skipping {len(files)} path(s) that are files: {', '.join(map(str, files))}", err=True)
     for d in dirs:
+        if d.is_file():
+            hint = f"; give its folder: kvbench report {d.parent}" if d.suffix == ".csv" else ""
+            raise KvbenchError(f"{d} is a file, not a results folder{hint}")
         if not d.is_dir():
             raise KvbenchError(f"results folder not found: {d}")
         if not any(d.glob("*.csv")):
-            raise KvbenchError(f"no CSV files in {d}")
+            hint = f"; its subfolders have some: kvbench report {d}/*/" if any(d.glob("*/*.csv")) else ""
+            raise KvbenchError(f"no CSV files in {d}{hint}")
     path = render_report(list(dirs), out)
     typer.echo(f"wrote {path}")
+
+
+def _newest_results_dir(root: Path) -> Path:
+    """The folder under `root`, at any depth, holding the newest CSV (a sweep's parent folder holds none itself)."""
+    newest: dict[Path, float] = {}
+    for f in root.rglob("*.csv"):
+        if f.is_file():
+            newest[f.parent] = max(newest.get(f.parent, 0.0), f.stat().st_mtime)
+    if not newest:
+        raise KvbenchError(f"no results folder given and no CSV files under {root}/")
+    return max(newest, key=newest.get)
 
 
 @app.command()
@@ -622,7 +657,7 @@ def plan(
     """Split a sweep into self-contained commands for a cluster scheduler (Slurm array, Ray, any job runner).
 
     Each line runs one group of cells (a context; for decode-bench a context and a batch size) into
-    its own results folder; `kvbench report OUT/*` merges them afterwards.
+    its own results folder; `kvbench report OUT/*/` merges them afterwards.
     """
     import shlex
 
@@ -659,19 +694,25 @@ def plan(
             )
         except OSError as exc:
             raise KvbenchError(f"--file: cannot write {file}: {exc.strerror or exc}") from None
-        typer.echo(f"# wrote {file} and {slurm} (sbatch {slurm}); then: kvbench report {out}/*", err=True)
+        # `OUT/*/`: the trailing slash makes the shell expand folders only (--file may be inside OUT)
+        report = f"kvbench report {shlex.quote(out)}/*/"
+        typer.echo(f"# wrote {file} and {slurm} (sbatch {slurm}); then: {report}", err=True)
 
 
 @app.command("modes")
 @friendly
 def list_modes() -> None:
-    """List the registered KV modes and their aliases."""
+    """List the registered KV modes and their aliases, then transformers' own caches (`hf:*`, audit peers)."""
     from kvbench.kv import registry
+    from kvbench.peers import PEERS
 
     for name in registry.mode_names():
         cls = registry.get(name)
         alias = f" (aliases: {', '.join(cls.aliases)})" if cls.aliases else ""
         typer.echo(f"{name:18s} {cls.summary}{alias}")
+    typer.echo("\ntransformers' own caches on the same weights, as peers (--modes hf:all runs every one):")
+    for peer in PEERS.values():
+        typer.echo(f"{peer.name:18s} {peer.summary}")
 
 
 def _click_errors() -> tuple[tuple, tuple]:

@@ -86,53 +86,109 @@ def _check_type(name: str, value, typ: str, where: str):
         "bool": isinstance(value, bool),
         "list[str]": isinstance(value, list) and all(isinstance(v, str) for v in value),
         "list[int]": isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
-        "list[float]": isinstance(value, list) and all(isinstance(v, int | float) for v in value),
+        "list[float]": isinstance(value, list)
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value),
     }.get(base)
     if ok is None or not ok:
         raise KvbenchError(f"{where}: key '{name}' must be {base}, got {type(value).__name__} {value!r}")
-    return float(value) if base == "float" else value
+    if base == "float":
+        return float(value)
+    return [float(v) for v in value] if base == "list[float]" else value
 
 
-def load_toml(path: str | Path, job: str) -> dict:
-    """Read `[common]` plus the job's table (`[audit]` or `[decode-bench]`) from a file."""
+# Config-file spellings of the command-line options whose field has another name: key -> (field, inverted).
+# `no_cuda_graphs = true` is `cuda_graphs = false`; both spellings of one option in a table is an error.
+ALIASES = {
+    "kv_cap_check": ("kv_caps", False),
+    "format": ("formats", False),
+    "no_cuda_graphs": ("cuda_graphs", True),
+    "no_pdl": ("pdl", True),
+    "no_gemv_kernel": ("gemv_kernel", True),
+}
+# the command-line option of each field, where it is not the field's name with '-' (for error messages)
+OPTIONS = {field: "--" + key.replace("_", "-") for key, (field, _) in ALIASES.items()}
+
+
+def read_utf8(p: Path) -> str:
+    """A file's text; a KvbenchError saying why not (a folder, missing, unreadable, not UTF-8) otherwise."""
+    if p.is_dir():
+        raise KvbenchError(f"{p} is a directory, not a file")
+    if not p.exists():
+        raise KvbenchError(f"{p} not found")
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise KvbenchError(f"cannot read {p}: {exc.strerror or exc}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise KvbenchError(f"{p} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
+
+
+def load_toml(path: str | Path, job: str, origins: dict | None = None) -> dict:
+    """Read `[common]` plus the job's table (`[audit]` or `[decode-bench]`, which wins) from a file.
+
+    `origins`, if given, gets each field's file and key as written, for validate's messages."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise KvbenchError(f"config file not found: {p}")
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(read_utf8(p))
+    except KvbenchError as exc:
+        raise KvbenchError(f"config file {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise KvbenchError(f"{p}: not valid TOML: {exc}") from exc
     cls = JOB_CONFIGS[job]
     types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
     known_tables = {"common", *JOB_CONFIGS}
-    out: dict = {}
     for table, values in data.items():
         if table not in known_tables:
             raise KvbenchError(f"{p}: unknown table [{table}] (expected {', '.join(sorted(known_tables))})")
         if not isinstance(values, dict):
             raise KvbenchError(f"{p}: '{table}' must be a table")
-        if table not in ("common", job):
-            continue
-        for key, value in values.items():
-            name = key.replace("-", "_")
-            if name not in types:
-                raise KvbenchError(f"{p}: unknown key '{key}' in [{table}] (known: {', '.join(sorted(types))})")
-            out[name] = _check_type(key, value, types[name], f"{p} [{table}]")
+    out: dict = {}
+    for table in ("common", job):  # in this order whatever the file's: the job's table overrides [common]
+        seen: dict[str, str] = {}  # field -> the key that set it in this table
+        for key, value in data.get(table, {}).items():
+            field_name, inverted = ALIASES.get(key.replace("-", "_"), (key.replace("-", "_"), False))
+            if field_name not in types:
+                known = sorted([*types, *(a for a, (f, _) in ALIASES.items() if f in types)])
+                raise KvbenchError(f"{p}: unknown key '{key}' in [{table}] (known: {', '.join(known)})")
+            if field_name in seen:
+                raise KvbenchError(f"{p} [{table}]: '{seen[field_name]}' and '{key}' set the same option; keep one")
+            seen[field_name] = key
+            value = _check_type(key, value, "bool" if inverted else types[field_name], f"{p} [{table}]")
+            out[field_name] = not value if inverted else value
+            if origins is not None:
+                origins[field_name] = f"{p}: {key}"
     return out
 
 
 def build_config(job: str, config_file: str | None, cli: dict):
     """File values, then command-line values that were given (not None) on top."""
-    values = load_toml(config_file, job) if config_file else {}
-    values.update({k: v for k, v in cli.items() if v is not None})
+    origins: dict[str, str] = {}
+    values = load_toml(config_file, job, origins) if config_file else {}
+    given = {k: v for k, v in cli.items() if v is not None}
+    values.update(given)
+    for k in given:
+        origins.pop(k, None)
+    types = {f.name: str(f.type) for f in dataclasses.fields(JOB_CONFIGS[job])}
+    for k, v in values.items():  # `--batch 1,1`, `--contexts 256,0.25k`: each cell once, in first-seen order
+        if types[k].startswith(("list[int]", "list[float]")) and v is not None:
+            values[k] = list(dict.fromkeys(v))
     cfg = JOB_CONFIGS[job](**values)
-    validate(cfg, where=config_file or "command line")
+    validate(cfg, origins)
     return cfg
 
 
-def validate(cfg, where: str = "command line") -> None:
-    def bad(key, why):
-        raise KvbenchError(f"{where}: {key}: {why}")
+def validate(cfg, origins: dict[str, str] | None = None) -> None:
+    """Refuse bad values in one line naming where each came from: `origins` maps a field to its config
+    file and key (load_toml); any other field is named as its command-line option (`--gen-tokens`)."""
+    origins = origins or {}
+
+    def bad(name, why):
+        where = origins.get(name) or OPTIONS.get(name) or "--" + name.replace("_", "-")
+        raise KvbenchError(f"{where}: {why}")
 
     from kvbench.kv import registry
 
@@ -142,14 +198,17 @@ def validate(cfg, where: str = "command line") -> None:
         bad("model", "is empty: leave it out (or pass 'default') for the embedded SmolLM2-135M-Instruct")
     if cfg.devices and cfg.device != "auto":  # --devices picks the device(s) itself: one would silently lose
         bad("devices", f"give --device ({cfg.device}) or --devices ({cfg.devices}), not both")
-    try:
-        for plugin in cfg.plugin:
+    for plugin in cfg.plugin:
+        try:
             registry.load_plugin(plugin)
+        except KvbenchError as exc:
+            bad("plugin", str(exc))
+    try:
         from kvbench.peers import split_modes
 
         registry.parse_modes(split_modes(cfg.modes)[0])
     except KvbenchError as exc:
-        raise KvbenchError(f"{where}: modes: {exc}") from None
+        bad("modes", str(exc))
     if cfg.contexts is not None:
         if not cfg.contexts:
             bad("contexts", "needs at least one value")
@@ -161,20 +220,20 @@ def validate(cfg, where: str = "command line") -> None:
     if cfg.kernel not in KERNELS:
         bad("kernel", f"'{cfg.kernel}' is not one of {', '.join(KERNELS)}")
     if cfg.prefill_chunk < 0:
-        bad("prefill-chunk", "must be >= 0 (0 = one pass)")
+        bad("prefill_chunk", "must be >= 0 (0 = one pass)")
     if cfg.boundary_v is not None and cfg.boundary_v < 0:
-        bad("boundary-v", "must be >= 0")
+        bad("boundary_v", "must be >= 0")
     if not 0.0 <= cfg.sparse_v_threshold < 1.0:
-        bad("sparse-v-threshold", f"must be in [0, 1) (0 = off), got {cfg.sparse_v_threshold}")
+        bad("sparse_v_threshold", f"must be in [0, 1) (0 = off), got {cfg.sparse_v_threshold}")
     if cfg.max_kv_size is not None and cfg.max_kv_size <= cfg.keep:
-        bad("max-kv-size", f"must exceed --keep ({cfg.keep})")
+        bad("max_kv_size", f"must exceed --keep ({cfg.keep})")
     if cfg.keep < 0:
         bad("keep", "must be >= 0")
     for f in cfg.formats:
         if f not in ("csv", "json", "md"):
-            bad("format", f"'{f}' is not one of csv, json, md")
+            bad("formats", f"'{f}' is not one of csv, json, md")
     if "csv" not in cfg.formats:  # --resume, the interrupt message and `kvbench report` read the CSV
-        bad("format", "must include csv (--resume and kvbench report read it); json and md go beside it")
+        bad("formats", "must include csv (--resume and kvbench report read it); json and md go beside it")
     if cfg.yarn not in ("auto", "off"):
         try:
             factor = float(cfg.yarn)
@@ -184,28 +243,37 @@ def validate(cfg, where: str = "command line") -> None:
             bad("yarn", f"'{cfg.yarn}' is not auto, off or a factor >= 1")
     if isinstance(cfg, AuditConfig):
         if cfg.gen_tokens < 2:
-            bad("gen-tokens", "must be at least 2")
-        if cfg.ppl_windows < 1 or cfg.ppl_chunk < 1:
-            bad("ppl-windows/ppl-chunk", "must be positive")
+            bad("gen_tokens", "must be at least 2")
+        if cfg.ppl_windows < 1:
+            bad("ppl_windows", "must be positive")
+        if cfg.ppl_chunk < 1:
+            bad("ppl_chunk", "must be positive")
         if not cfg.near_tie_margin >= 0:
-            bad("near-tie-margin", f"must be >= 0 (a logit gap), got {cfg.near_tie_margin}")
-        if cfg.prompt_file and not Path(cfg.prompt_file).is_file():
-            bad("prompt-file", f"{cfg.prompt_file} not found")
+            bad("near_tie_margin", f"must be >= 0 (a logit gap), got {cfg.near_tie_margin}")
+        if cfg.prompt_file:  # read here, so that a folder or a binary file fails before the model loads
+            try:
+                read_utf8(Path(cfg.prompt_file))
+            except KvbenchError as exc:
+                bad("prompt_file", str(exc))
         for cap in cfg.kv_caps:
             if cap <= cfg.keep:
-                bad("kv-cap-check", f"cap {cap} must exceed --keep ({cfg.keep})")
+                bad("kv_caps", f"cap {cap} must exceed --keep ({cfg.keep})")
         for d in cfg.niah_depths:
             if not 0.0 <= d <= 1.0:
-                bad("niah-depths", f"depth {d} is outside [0, 1]")
+                bad("niah_depths", f"depth {d} is outside [0, 1]")
     if isinstance(cfg, BenchConfig):
         if not cfg.batch or any(b <= 0 for b in cfg.batch):
             bad("batch", "batch sizes must be positive")
-        if cfg.gen < 1 or cfg.repeats < 1 or cfg.warmup < 0:
-            bad("gen/repeats/warmup", "gen and repeats must be >= 1, warmup >= 0")
+        if cfg.gen < 1:
+            bad("gen", "must be >= 1")
+        if cfg.repeats < 1:
+            bad("repeats", "must be >= 1")
+        if cfg.warmup < 0:
+            bad("warmup", "must be >= 0")
         if cfg.fill not in FILLS:
             bad("fill", f"'{cfg.fill}' is not one of {', '.join(FILLS)}")
         if cfg.memory_budget_gb is not None and not cfg.memory_budget_gb > 0:
-            bad("memory-budget-gb", f"must be a positive number of GB, got {cfg.memory_budget_gb}")
+            bad("memory_budget_gb", f"must be a positive number of GB, got {cfg.memory_budget_gb}")
 
 
 _COUNT = re.compile(r"([-+]?(?:\d+(?:\.\d*)?|\.\d+))(k?)")

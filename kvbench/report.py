@@ -214,6 +214,21 @@ def fmt_bytes(x) -> str:
     return f"{x / 1024**3:.2f} GiB"
 
 
+def fmt_weight_bytes(x) -> str:
+    """Bytes in decimal units (as bandwidth is), small ones not rounded to nothing: 16.06 GB, 1.44 MB, 512 KB."""
+    if not _isnum(x):
+        return "—"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(x) >= 0.1 * scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+def plural(n, word: str) -> str:
+    """ "1 repeat", "3 repeats"; n may be a text such as "1/3" (plural unless it is "1")."""
+    return f"{n} {word}" + ("" if str(n) == "1" else "s")
+
+
 def fmt_int(x) -> str:
     return f"{int(x)}" if _isnum(x) else "—"
 
@@ -399,7 +414,15 @@ def note_parts(text) -> list[str]:
     for part in (p.strip() for p in parts):
         if part and part not in out:
             out.append(part)
-    return out
+    # A part that another one repeats word for word says nothing more ("synthetic model" beside "random K/V
+    # (no prefill; synthetic model)"): drop it, and the later of two that differ only in case or spacing.
+    low = [" ".join(p.lower().split()) for p in out]
+
+    def repeated(i: int) -> bool:
+        within = re.compile(rf"(?<!\w){re.escape(low[i])}(?!\w)")
+        return any(j != i and within.search(low[j]) and (low[i] != low[j] or j < i) for j in range(len(out)))
+
+    return [p for i, p in enumerate(out) if not repeated(i)]
 
 
 def _clip(text: str, n: int) -> str:
@@ -623,15 +646,68 @@ def _latest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 # what tells one audit cell from another (besides the mode and the check): the rows of a cell in one
 # results file are its trials
 AUDIT_CELL = ("max_kv_size", "keep", "niah_depth", "kernel", "dtype", "batch", "boundary_v", "sparse_v")
+AUDIT_KEYS = ["check", "kv_cache_mode", "context_tokens", *AUDIT_CELL]
+# Checks with one row per (mode, context[, cap]): more rows there are re-runs, and the report shows the last.
+ONE_ROW_CHECKS = ("greedy", "ppl", "max_kv", "prefix_reuse")
+ONE_ROW_KEYS = ["check", "kv_cache_mode", "context_tokens", "max_kv_size", "keep"]
+# what tells one benchmark cell from another
+BENCH_CELL = [
+    "context_tokens",
+    "batch",
+    "kv_cache_mode",
+    "kernel",
+    "cuda_graphs",
+    "max_kv_size",
+    "dtype",
+    "boundary_v",
+    "prefill_chunk",
+]
+# How a row was made rather than what it measured: duplicates of a cell that differ here were run differently.
+SETTINGS_COLUMNS = (
+    "gen_tokens",
+    "warmup",
+    "repeats",
+    "prefill_source",
+    "prefill_chunk",
+    "effective_mode",
+    *AUDIT_CELL,
+    "model_hash",
+    "kvbench_version",
+    "git_commit",
+    "torch_version",
+    "triton_version",
+    "transformers_version",
+)
 
 
 def _latest_cells(audit: pd.DataFrame) -> pd.DataFrame:
     """The audit with each cell's rows from the latest results file that has the cell: an audit run
     again (merged folders) replaces the earlier run's rows instead of adding to them."""
-    keys = ["check", "kv_cache_mode", "context_tokens", *(k for k in AUDIT_CELL if k in audit.columns)]
     ordered = audit.sort_values(["date", "_order"], kind="stable")
-    last = ordered.groupby(keys, dropna=False, sort=False)["_source"].transform("last")
+    last = ordered.groupby(AUDIT_KEYS, dropna=False, sort=False)["_source"].transform("last")
     return ordered[ordered["_source"] == last].sort_values("_order", kind="stable")
+
+
+def _latest_audit(audit: pd.DataFrame) -> pd.DataFrame:
+    """_latest_cells, and of a one-row check's cell (the greedy output, ppl, ...) only the latest row."""
+    cells = _latest_cells(audit)
+    one = cells["check"].isin(ONE_ROW_CHECKS)
+    return pd.concat([cells[~one], _latest(cells[one], ONE_ROW_KEYS)]).sort_values("_order", kind="stable")
+
+
+def _dropped(rows: pd.DataFrame, kept: pd.DataFrame, cells: list[tuple[pd.DataFrame, list[str]]]) -> tuple:
+    """(how many of `rows` the dedupe to `kept` dropped, the settings columns in which the rows of one cell
+    differ), a cell being the rows of each (frame, keys) of `cells` with equal keys."""
+    n = len(rows) - len(kept)
+    if n <= 0:
+        return 0, []
+    differ: set[str] = set()
+    for frame, keys in cells:
+        cols = [c for c in SETTINGS_COLUMNS if c in frame.columns and c not in keys]
+        if len(frame) and cols:
+            counts = frame.groupby(keys, dropna=False)[cols].nunique(dropna=False)
+            differ |= {c for c in cols if (counts[c] > 1).any()}
+    return n, [c for c in SETTINGS_COLUMNS if c in differ]
 
 
 # ---------------------------------------------------------------------------
@@ -692,6 +768,13 @@ def assess(row: dict) -> Quality:
     return Quality("unknown", status or "—", status or "—", **extra)
 
 
+def _without_degeneracy(row: dict) -> dict:
+    """An audit row with its degeneracy verdict taken out, judged by its tokens vs fp16's alone."""
+    status = "ok" if _s(row.get("status")).lower() == "degenerate" else row.get("status")
+    verdict = "" if _norm_verdict(row.get("verdict")).startswith("degenerat") else row.get("verdict")
+    return {**row, "degenerate": None, "status": status, "verdict": verdict}
+
+
 def quality_metrics(q: Quality) -> str:
     parts = []
     if _isnum(q.top1):
@@ -713,38 +796,54 @@ class Group:
     bench_all: pd.DataFrame
     bench: pd.DataFrame = field(init=False)  # non-capacity rows, latest per cell, with ratio / delta columns
     capacity: pd.DataFrame = field(init=False)
-    bench_main: pd.DataFrame = field(init=False)  # every non-capacity row
+    bench_main: pd.DataFrame = field(init=False)  # non-capacity rows, latest per cell
+    duplicates: list = field(init=False)  # (which rows, how many dropped, settings columns they differ in)
     greedy: pd.DataFrame = field(init=False)  # latest greedy row per (mode, context)
     quality: dict = field(init=False)  # (mode, context) -> Quality
     modes: list[str] = field(init=False)
     ref_batch: float | None = field(init=False)
+    ref_degenerate: dict = field(init=False)  # context -> why fp16's own greedy output is degenerate there
     index: int = 0
     multi: bool = False
 
     def __post_init__(self) -> None:
         b = self.bench_all
         is_cap = b["notes"].str.contains("capacity", case=False, regex=False) if len(b) else pd.Series(dtype=bool)
-        keys = [
-            "context_tokens",
-            "batch",
-            "kv_cache_mode",
-            "kernel",
-            "cuda_graphs",
-            "max_kv_size",
-            "dtype",
-            "boundary_v",
-            "prefill_chunk",
-        ]
-        self.capacity = _latest(b[is_cap], keys) if len(b) else b
-        self.bench_main = b[~is_cap] if len(b) else b
-        self.bench = _enrich_bench(_latest(b[~is_cap], keys) if len(b) else b)
+        self.capacity = _latest(b[is_cap], BENCH_CELL) if len(b) else b
+        self.bench_main = _latest(b[~is_cap], BENCH_CELL) if len(b) else b
+        self.bench = _enrich_bench(self.bench_main)
+        self.duplicates = []
+        if len(b):
+            for what, rows, kept in (
+                ("benchmark", b[~is_cap], self.bench_main),
+                ("capacity", b[is_cap], self.capacity),
+            ):
+                self.duplicates.append((what, *_dropped(rows, kept, [(rows, BENCH_CELL)])))
         a = self.audit
         if len(a):
-            self.audit = a = _latest_cells(a)
+            self.audit = _latest_audit(a)
+            one = a[a["check"].isin(ONE_ROW_CHECKS)]
+            self.duplicates.append(("audit", *_dropped(a, self.audit, [(a, AUDIT_KEYS), (one, ONE_ROW_KEYS)])))
+            a = self.audit
         self.greedy = _latest(a[a["check"] == "greedy"], ["kv_cache_mode", "context_tokens"]) if len(a) else a
         self.quality = {}
-        for r in self.greedy.to_dict("records"):
+        recs = self.greedy.to_dict("records")
+        for r in recs:
             self.quality[(r["kv_cache_mode"], r["context_tokens"])] = assess(r)
+        # Where fp16's own output is degenerate (a random-weight model loops), a mode's degeneracy says nothing
+        # about the mode: fp16 stays the reference, and the others are judged by their tokens vs fp16's alone.
+        self.ref_degenerate = {}  # context -> fp16's degenerate reason
+        for r in recs:
+            q = self.quality[(r["kv_cache_mode"], r["context_tokens"])]
+            if r["kv_cache_mode"] == "fp16" and r["effective_mode"] in ("", "fp16") and q.kind == "degenerate":
+                self.ref_degenerate[r["context_tokens"]] = _s(r.get("degenerate_reason"))
+                self.quality[("fp16", r["context_tokens"])] = Quality(
+                    "reference", "reference (degenerate)", "reference (degenerate)", q.top1, q.kl, q.context
+                )
+        for r in recs:
+            key = (r["kv_cache_mode"], r["context_tokens"])
+            if key[0] != "fp16" and key[1] in self.ref_degenerate and self.quality[key].kind == "degenerate":
+                self.quality[key] = assess(_without_degeneracy(r))
         self.modes = order_modes(list(a["kv_cache_mode"]) + list(b["kv_cache_mode"]))
         batches = sorted({x for x in self.bench["batch"] if _isnum(x)})
         self.ref_batch = 1.0 if 1.0 in batches else (batches[0] if batches else None)
@@ -809,13 +908,31 @@ class Group:
         return float("nan")
 
 
+# A decode tok/s is noisy (a ratio on it is rough) when its repeats spread wider than this, (max - min) / median.
+NOISY_SPREAD = 0.10
+
+
+def timing_noise(r: dict) -> str:
+    """Why a benchmark row's decode tok/s is noisy: "1 repeat" (no spread to judge it by) or "min–max spread 23.1%"
+    of its repeats (`decode_tok_s_min`/`_max` around the median); "" if neither, or the row has no such columns."""
+    reps, lo, hi, med = (r.get(c) for c in ("repeats", "decode_tok_s_min", "decode_tok_s_max", "decode_tok_s"))
+    if _isnum(reps) and reps < 2:
+        return plural(int(reps), "repeat")
+    if _isnum(lo) and _isnum(hi) and _isnum(med) and med > 0 and (hi - lo) / med > NOISY_SPREAD:
+        return f"min–max spread {fmt_pct((hi - lo) / med)}"
+    return ""
+
+
 def _enrich_bench(b: pd.DataFrame) -> pd.DataFrame:
-    """Ratio and peak delta vs fp16; the CSV's own columns win (measured side by side within one run)."""
+    """Ratio and peak delta vs fp16; the CSV's own columns win (measured side by side within one run).
+    `_noise` / `_fp16_noise`: timing_noise of the row and of the fp16 row its ratio is against."""
     b = b.copy()
     for c in ("_ratio", "_fp16_peak", "_peak_delta", "_peak_delta_pct"):
         b[c] = np.nan
     b["_ratio_computed"] = False
     b["_fp16_status"] = ""  # why there is no fp16 reference (e.g. oom), where fp16 failed
+    b["_noise"] = ""
+    b["_fp16_noise"] = ""
     if b.empty:
         return b
     fp16_failed = {
@@ -838,6 +955,8 @@ def _enrich_bench(b: pd.DataFrame) -> pd.DataFrame:
             ratio = r["decode_tok_s"] / ref["decode_tok_s"]
             b.at[i, "_ratio_computed"] = True
         b.at[i, "_ratio"] = ratio
+        b.at[i, "_noise"] = timing_noise(r) if _isnum(r["decode_tok_s"]) else ""
+        b.at[i, "_fp16_noise"] = timing_noise(ref) if ref is not None else ""
         ref_peak = ref["peak_mem_gb"] if ref is not None else np.nan
         delta = r["peak_delta_gb"]
         if not _isnum(delta) and _isnum(ref_peak) and _isnum(r["peak_mem_gb"]):
@@ -942,7 +1061,31 @@ def section_summary(groups: list[Group]) -> str:
         prefix = f"**{g.label}**: " if g.multi else ""
         out.append(prefix + " ".join(sentences))
         out.append("")
+        note = _duplicates_note(g)
+        if note:
+            out += [note, ""]
     return "\n".join(out).rstrip()
+
+
+def _duplicates_note(g: Group) -> str:
+    """A warning where the same cell has several rows (a sweep run again, appended or merged) of which the
+    report shows only the latest; "" where none."""
+    dropped = [(what, n, differ) for what, n, differ in g.duplicates if n]
+    if not dropped:
+        return ""
+    many = sum(n for _, n, _ in dropped) > 1
+    counts = join_list([f"{n} {what}" for what, n, _ in dropped]) + (" rows" if many else " row")
+    text = (
+        f"**Note**: {counts} dropped as duplicate{'s' if many else ''}: {'each repeats' if many else 'it repeats'} "
+        "a cell that has a later row (the same cell run again), and the tables show the latest row of each cell."
+    )
+    differ = [c for _, _, d in dropped for c in d]
+    if differ:
+        cols = join_list([f"`{c}`" for c in dict.fromkeys(differ)])
+        text += f" The rows of a cell differ in {cols}: the dropped ones were run with other settings."
+    else:
+        text += " The duplicates were run with the same settings."
+    return text
 
 
 def _ctx_list(ctxs) -> str:
@@ -1040,6 +1183,11 @@ def _summary_sentences(g: Group) -> list[str]:
         if bits:
             text = "; ".join(bits)
             s.append(f"Against fp16: {text}.")
+        if g.ref_degenerate:
+            s.append(
+                f"The fp16 output itself is degenerate at {_ctx_list(g.ref_degenerate)} (as with random weights): "
+                "degeneracy is not judged there, only agreement with fp16's tokens."
+            )
     elif len(g.audit) == 0:
         s.append("No audit rows: output quality was not checked.")
 
@@ -1132,6 +1280,8 @@ def _status_matrix(g: Group) -> str:
         # Quality
         if m == "fp16":
             quality = "reference"
+            if g.ref_degenerate:
+                quality += f" (its own output is degenerate at {_ctx_list(g.ref_degenerate)})"
         else:
             qs = g.mode_quality(m)
             bits = []
@@ -1184,7 +1334,8 @@ def _status_matrix(g: Group) -> str:
         eff = _unique(r["effective_mode"] for r in recs if fell_back(m, r["effective_mode"]))
         if eff and not any(n.startswith("runs as ") for n in notes):
             notes.insert(0, f"ran as {'/'.join(eff)} (fallback)")
-        if any(r.get("synthetic") is True for r in recs):
+        # (not where a note from the CSV says it already, e.g. the loader's "synthetic: random weights")
+        if any(r.get("synthetic") is True for r in recs) and not any("synthetic" in n.lower() for n in notes):
             notes.append("synthetic model")
         rows.append([f"`{m}`", f"`{cli_flag(m)}`", runs, quality, decode_text, peak, notes_cell(notes)])
     table = md_table(
@@ -1299,10 +1450,13 @@ def _long_context_matrix(g: Group) -> str:
         if len(niah):
             cells.append(_long_niah(niah[niah["kv_cache_mode"] == m]))
         table.append([f"`{m}`", *[c or "—" for c in cells]])
-    intro = (
-        "Per context: output with a bounded cache vs fp16 (`keep` sink tokens kept), generation from a "
-        "reused prefix vs a fresh prefill, and needles found / trials. The sections below have the detail."
-    )
+    checks = [  # only the checks that ran
+        *(["output with a bounded cache vs fp16 (`keep` sink tokens kept)"] if caps else []),
+        *(["generation from a reused prefix vs a fresh prefill"] if len(prefix) else []),
+        *(["needles found / trials"] if len(niah) else []),
+    ]
+    detail = "The sections below have the detail." if len(checks) > 1 else "The section below has the detail."
+    intro = f"Per context: {join_list(checks)}. {detail}"
     return intro + "\n\n" + md_table(headers, table)
 
 
@@ -1488,6 +1642,10 @@ def _check_niah(g: Group, rows: pd.DataFrame) -> str:
             table.append([f"`{m}`", fmt_depth(d), *cells])
     total = {m: (np.nansum(h), c.sum()) for m, (h, c) in grids.items()}
     summary = ", ".join(f"{m} {int(h)}/{int(n)}" for m, (h, n) in total.items() if n)
+    if not summary:  # every trial failed or was skipped: no table of empty cells
+        notes = list(dict.fromkeys(p for t in rows["notes"] for p in note_parts(t)))
+        why = "/".join(_unique(rows["status"])) + (f": {_clip('; '.join(notes), 200)}" if notes else "")
+        return f"No needle trial completed ({why or 'no status'})."
     return f"Needle retrieved (hits / trials) by needle depth and context. Overall: {summary}.\n\n" + md_table(
         ["Mode", "Depth", *[ctx_label(c) for c in ctxs]], table, "ll" + "r" * len(ctxs)
     )
@@ -1602,9 +1760,9 @@ def _table_notes_last(headers: list[str], rows: list[list], align: str | None = 
     return md_table(headers, rows, align)
 
 
-def section_statuses(data: Results) -> str:
-    counts: dict[str, int] = {}
-    for df in (data.audit, data.bench):
+def section_statuses(groups: list[Group]) -> str:
+    counts: dict[str, int] = {}  # of the rows the report shows (duplicates dropped)
+    for df in (df for g in groups for df in (g.audit, g.bench_main, g.capacity)):
         for st in df["status"]:
             if st:
                 counts[st] = counts.get(st, 0) + 1
@@ -1664,7 +1822,7 @@ def section_bench(groups: list[Group]) -> str:
             ["context_tokens", "batch", "_mk", "kernel"], kind="stable"
         )
         rows = []
-        computed = False
+        computed = noisy = False
         recs = b.to_dict("records")
         shared, row_notes = hoist_notes(recs)
         if shared:
@@ -1693,6 +1851,12 @@ def section_bench(groups: list[Group]) -> str:
             if r["_ratio_computed"]:
                 ratio += "*"
                 computed = True
+            if r["_noise"]:
+                tok += " †"
+                noisy = True
+            if _isnum(r["_ratio"]) and (r["_noise"] or r["_fp16_noise"]):
+                ratio += " †"  # the mode's or fp16's timing is noisy
+                noisy = True
             if r["kv_cache_mode"] == "fp16" and r["effective_mode"] not in ("", "fp16"):
                 delta = "—"
             elif r["kv_cache_mode"] == "fp16":
@@ -1704,6 +1868,8 @@ def section_bench(groups: list[Group]) -> str:
             notes = row_note
             if r["status"] not in ("ok", ""):
                 notes = f"{r['status']}" + (f": {notes}" if notes else "")
+            if r["_noise"]:
+                notes = f"noisy timing: {r['_noise']}" + (f"; {notes}" if notes else "")
             rows.append(
                 [
                     *base,
@@ -1722,7 +1888,7 @@ def section_bench(groups: list[Group]) -> str:
             "Batch",
             "Mode",
             *(["Kernel"] if show_kernel else []),
-            "Decode tok/s (median, min–max)",
+            "Decode tok/s, summed over the batch (median, min–max)",
             "Ratio vs fp16",
             "Peak GB",
             "Peak Δ vs fp16 (GB, %)",
@@ -1734,6 +1900,13 @@ def section_bench(groups: list[Group]) -> str:
         out.append(_table_notes_last(headers, rows, align))
         if computed:
             out += ["", "\\* ratio computed by the report from the medians (the row had no `decode_ratio_vs_fp16`)."]
+        if noisy:
+            out += [
+                "",
+                f"† noisy timing: the cell ran a single repeat, or its repeats' min–max spread exceeds "
+                f"{NOISY_SPREAD:.0%} of the median (the Notes say which); a ratio marked † rests on such a cell "
+                "(the mode's or fp16's) and is rough: re-run with more `--repeats`.",
+            ]
         out.append("")
     caps = [g for g in groups if not g.capacity.empty]
     if caps:
@@ -1752,11 +1925,15 @@ def _bench_method_line(g: Group) -> str:
     reps = sorted({int(x) for x in b["repeats"] if _isnum(x)})
     gen = sorted({int(x) for x in b["gen_tokens"] if _isnum(x)})
     warm = sorted({int(x) for x in b["warmup"] if _isnum(x)})
-    desc = "Decode tok/s is the median over " + (f"{'/'.join(map(str, reps))} repeats" if reps else "the repeats")
+    # kvbench.bench (and kvbench.peers): each repeat times `gen` steps of the whole batch, batch * gen / seconds
+    desc = (
+        "Decode tok/s is summed over the batch (batch × timed tokens / seconds: every sequence's tokens count), "
+        "the median over " + (plural("/".join(map(str, reps)), "repeat") if reps else "the repeats")
+    )
     if gen:
-        desc += f" of {'/'.join(map(str, gen))} timed tokens"
+        desc += f" of {plural('/'.join(map(str, gen)), 'timed token')}"
     if warm:
-        desc += f" after {'/'.join(map(str, warm))} warm-up tokens"
+        desc += f" after {plural('/'.join(map(str, warm)), 'warm-up token')}"
     bits.append(desc + "; ratios are against fp16 at the same context and batch.")
     kinds = _unique(b["peak_mem_kind"])
     if kinds:
@@ -1768,15 +1945,24 @@ def _bench_method_line(g: Group) -> str:
         if bw:
             s += f"; measured bandwidth {'/'.join(f'{x:,} GB/s' for x in bw)}"
         if wb:
-            s += f"; weights {'/'.join(f'{x / 1e9:.2f} GB' for x in wb)}"
+            s += f"; weights {'/'.join(fmt_weight_bytes(x) for x in wb)}"
         bits.append(s + ".")
     return " ".join(bits)
+
+
+def _estimated(df: pd.DataFrame) -> pd.Series:
+    """Capacity rows that were computed, not run: off CUDA the search sizes the buffers against the budget
+    instead of allocating them (kvbench.bench: the note says "estimated from buffer sizes, not allocated",
+    its fitting rows' peak_mem_kind is "cpu_estimate")."""
+    if df.empty:
+        return pd.Series(dtype=bool, index=df.index)
+    return df["notes"].str.contains("not allocated", case=False, regex=False) | (df["peak_mem_kind"] == "cpu_estimate")
 
 
 def _capacity_table(g: Group) -> str:
     c = g.capacity
     rows = []
-    c = c.assign(_mk=c["kv_cache_mode"].map(mode_key))
+    c = c.assign(_mk=c["kv_cache_mode"].map(mode_key), _est=_estimated(c))
     for (_mk, mode, ctx), sub in c.groupby(["_mk", "kv_cache_mode", "context_tokens"], sort=True, dropna=False):
         ok = sub[sub["status"].isin(["ok", ""]) & sub["batch"].notna()]
         best = ok.sort_values("batch").iloc[-1] if len(ok) else None
@@ -1784,17 +1970,28 @@ def _capacity_table(g: Group) -> str:
         if best is not None:
             fail = fail[fail["batch"] > best["batch"]]
         first_fail = fail.sort_values("batch").iloc[0] if len(fail) else None
-        rows.append(
-            [
-                f"`{mode}`",
-                ctx_label(ctx),
-                fmt_int(best["batch"]) if best is not None else "none",
-                fmt_gb(best["peak_mem_gb"]) if best is not None else "—",
-                f"{fmt_int(first_fail['batch'])} ({first_fail['status']})" if first_fail is not None else "—",
-            ]
+        if sub["_est"].any():  # nothing ran: a batch "fits" or is over the budget by arithmetic
+            est = " (estimated, not allocated)"
+            max_batch = fmt_int(best["batch"]) + est if best is not None else "none fits (estimated)"
+            failing = f"{fmt_int(first_fail['batch'])} (over budget, estimated)" if first_fail is not None else "—"
+        else:
+            max_batch = fmt_int(best["batch"]) if best is not None else "none"
+            failing = f"{fmt_int(first_fail['batch'])} ({first_fail['status']})" if first_fail is not None else "—"
+        peak = fmt_gb(best["peak_mem_gb"]) if best is not None else "—"
+        rows.append([f"`{mode}`", ctx_label(ctx), max_batch, peak, failing])
+    intro = []
+    if not c["_est"].all():
+        intro.append("Largest batch that ran (status ok) in the capacity search.")
+    if c["_est"].any():
+        intro.append(
+            "Rows marked estimated come from a search off the GPU, which allocates nothing (a CPU allocation does "
+            "not fail; the OS kills the process instead): their batches are KV buffer sizes plus weights checked "
+            "against the memory budget, their peak GB that estimate, not a measured peak."
         )
-    return "Largest batch that ran (status ok) in the capacity search.\n\n" + md_table(
-        ["Mode", "Context", "Max batch", "Peak GB at max", "First failing batch"], rows, "llrrr"
+    return (
+        " ".join(intro)
+        + "\n\n"
+        + md_table(["Mode", "Context", "Max batch", "Peak GB at max", "First failing batch"], rows, "llrrr")
     )
 
 
@@ -2350,23 +2547,28 @@ def _niah_plot(g: Group, path: Path) -> bool:
     return True
 
 
-def make_plots(g: Group, out_dir: Path) -> list[tuple[str, str]]:
-    """(title, file name) of each plot written for the group."""
+def make_plots(g: Group, out_dir: Path, prefix: str = "report") -> list[tuple[str, str]]:
+    """(title, file name) of each plot written for the group; file names start with `prefix`."""
     made = []
-    name = f"report_decode_tok_s{g.suffix}.png"
+    name = f"{prefix}_decode_tok_s{g.suffix}.png"
     if _line_plot(
-        g, "decode_tok_s", "decode tok/s (median, min–max)", "Decode speed vs context", out_dir / name, errors=True
+        g,
+        "decode_tok_s",
+        "decode tok/s, summed over batch\n(median, min–max)",
+        "Decode speed vs context",
+        out_dir / name,
+        errors=True,
     ):
         made.append(("Decode tok/s vs context per mode", name))
-    name = f"report_peak_mem{g.suffix}.png"
+    name = f"{prefix}_peak_mem{g.suffix}.png"
     kinds = _unique(g.bench["peak_mem_kind"]) if len(g.bench) else []
     ylabel = "peak memory (GB)" + (f" [{', '.join(kinds)}]" if kinds else "")
     if _line_plot(g, "peak_mem_gb", ylabel, "Peak memory vs context", out_dir / name, errors=False):
         made.append(("Peak memory vs context per mode", name))
-    name = f"report_quality{g.suffix}.png"
+    name = f"{prefix}_quality{g.suffix}.png"
     if _quality_plot(g, out_dir / name):
         made.append(("Top-1 agreement and KL vs fp16 per mode and context", name))
-    name = f"report_niah{g.suffix}.png"
+    name = f"{prefix}_niah{g.suffix}.png"
     if _niah_plot(g, out_dir / name):
         made.append(("Needle-in-a-haystack hit rate by depth and context", name))
     return made
@@ -2409,12 +2611,37 @@ def _describe_bad(g: Group, m: str) -> str:
     return f"`{m}`: " + "; ".join(bits)
 
 
+def _ref_degenerate_text(g: Group) -> str:
+    """The reference's own output is degenerate (as a random-weight model's greedy text often is)."""
+    where = "; ".join(ctx_label(c) + (f": {_clip(r, 60)}" if r else "") for c, r in sorted(g.ref_degenerate.items()))
+    return (
+        f"The reference output itself is degenerate (`fp16` at {where}), as with random weights, so degeneracy "
+        "verdicts are not meaningful for this model there: the modes are judged by their tokens against fp16's only."
+    )
+
+
+def _noisy_cells(best: dict, runner_up: dict | None) -> list[str]:
+    """The noisy timings a fastest-mode choice rests on: the winner's, fp16's (its ratio's reference) and the
+    runner-up's (the ordering); "`int8` 1 repeat" each."""
+    out = []
+    for mode, noise in (
+        (best["kv_cache_mode"], best["_noise"]),
+        ("fp16", best["_fp16_noise"]),
+        *([(runner_up["kv_cache_mode"], runner_up["_noise"])] if runner_up is not None else []),
+    ):
+        if noise and f"`{mode}` {noise}" not in out:
+            out.append(f"`{mode}` {noise}")
+    return out
+
+
 def _recommend(g: Group) -> list[str]:
     lines = []
     audited = bool(g.quality)
     bok = g.bench_ok()
     if not audited:
         lines.append("No audit rows: output quality is unknown; run `kvbench audit` before trusting a quantized mode.")
+    if g.ref_degenerate:
+        lines.append(_ref_degenerate_text(g))
     # Fastest quality-keeping mode per batch and context.
     pick = None
     for batch in sorted({x for x in bok["batch"] if _isnum(x)}) if len(bok) else []:
@@ -2443,9 +2670,12 @@ def _recommend(g: Group) -> list[str]:
                 if quant:
                     qt = quant[-1][1]
                     text += f" (best quantized: `{qt['kv_cache_mode']}` at {fmt_ratio(qt['_ratio'])})"
+            noisy = _noisy_cells(best, cands[-2][1] if len(cands) > 1 else None)
+            if noisy:
+                text += " [noisy timing]"
             items.append(text)
             if batch == g.ref_batch:
-                pick = (ctx, best)
+                pick = (ctx, best, noisy)
         if items:
             what = "Fastest mode" + (" with fp16-quality output" if audited else " (quality not audited)")
             lines.append(f"{what}, batch {int(batch)}: " + "; ".join(items) + ".")
@@ -2488,10 +2718,18 @@ def _recommend(g: Group) -> list[str]:
             cmax = max(c["context_tokens"].dropna()) if c["context_tokens"].notna().any() else None
             sub = c[c["context_tokens"] == cmax] if cmax is not None else c
             best = sub.groupby("kv_cache_mode")["batch"].max()
-            bits = [f"`{m}` batch {int(best[m])}" for m in order_modes(best.index)]
-            lines.append(f"Capacity at {ctx_label(cmax)}: " + ", ".join(bits) + ".")
+            est = sub.assign(_est=_estimated(sub)).groupby("kv_cache_mode")["_est"].any()
+            every = bool(est.all())  # all estimated: said once, else per mode
+            bits = [
+                f"`{m}` batch {int(best[m])}" + (" (estimated, not allocated)" if est[m] and not every else "")
+                for m in order_modes(best.index)
+            ]
+            head = f"Capacity at {ctx_label(cmax)}" + (" (estimated from buffer sizes, not allocated)" if every else "")
+            lines.append(f"{head}: " + ", ".join(bits) + ".")
     # Avoid
-    avoid = [_describe_bad(g, m) for m in g.modes if any(q.kind in BAD_KINDS for q in g.mode_quality(m))]
+    # (never fp16: it is the reference every verdict is measured against)
+    bad = [m for m in g.modes if m != "fp16" and any(q.kind in BAD_KINDS for q in g.mode_quality(m))]
+    avoid = [_describe_bad(g, m) for m in bad]
     if avoid:
         lines.append("Avoid on this setup: " + "; ".join(avoid) + ".")
     fails = []
@@ -2518,7 +2756,7 @@ def _recommend(g: Group) -> list[str]:
     if peer_line:
         lines.append(peer_line[:-1] + " (see Peers).")
     if pick is not None:
-        ctx, best = pick
+        ctx, best, noisy = pick
         m = best["kv_cache_mode"]
         if m == "fp16":
             saving = [t for t in mem] if mem else []
@@ -2530,12 +2768,18 @@ def _recommend(g: Group) -> list[str]:
             if saving:
                 kb, sm, _ = sorted(saving, key=lambda t: (t[0], mode_key(t[1])))[0]
                 text += f"; use `{sm}` when KV memory is the limit"
-            lines.append(text + ".")
+            text += "."
         else:
-            lines.append(
+            text = (
                 f"Pick: `{m}` at {ctx_label(ctx)} (batch {fmt_int(g.ref_batch)}): {fmt_ratio(best['_ratio'])} fp16 decode"
                 + (" with fp16-quality output." if audited else " (quality not audited).")
             )
+        if noisy:
+            text += (
+                f" The timing it rests on is noisy ({'; '.join(noisy)}): treat the speed comparison as rough "
+                "and re-run with more `--repeats`."
+            )
+        lines.append(text)
     if not lines:
         lines.append("Not enough data for a recommendation.")
     return lines
@@ -2561,8 +2805,8 @@ def section_links(data: Results, out_dir: Path) -> str:
     for p in data.csv_files:
         rel = _rel(p, out_dir)
         n = counts.get((str(p.parent), p.stem))
-        kind = {"audit": "audit rows", "bench": "benchmark rows", "runs": "command runs"}.get(p.stem)
-        desc = f" ({n} {kind})" if kind and n is not None else (" (not read by the report)" if not kind else "")
+        kind = {"audit": "audit row", "bench": "benchmark row", "runs": "command run"}.get(p.stem)
+        desc = f" ({plural(n, kind)})" if kind and n is not None else (" (not read by the report)" if not kind else "")
         out.append(f"- [{rel}]({rel}){desc}")
     if not data.csv_files:
         out.append("- none")
@@ -2583,20 +2827,22 @@ def render_report(results_dirs: list[Path], out_dir: Path | None = None) -> Path
     name = "report.md"
     if out.suffix == ".md":  # --out path/to/name.md: that file, the plots beside it
         out, name = out.parent, out.name
+    # Plots are named after their report (a.md -> a_quality.png), so reports sharing a folder keep their own.
+    prefix = "report" if name == "report.md" else Path(name).stem
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         why = "a file is in the way" if isinstance(exc, FileExistsError | NotADirectoryError) else exc.strerror
         raise KvbenchError(f"cannot write the report to {out}: {why or exc}") from None
     groups = build_groups(data)
-    plots = {g.index: make_plots(g, out) for g in groups}
+    plots = {g.index: make_plots(g, out, prefix) for g in groups}
     sections = [
         section_header(data, groups, out),
         section_summary(groups),
         section_audit(groups),
         section_quality_matrix(groups),
         section_checks(groups),
-        section_statuses(data),
+        section_statuses(groups),
         section_bench(groups),
         section_peers(groups),
         section_plots(groups, plots),

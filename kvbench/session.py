@@ -184,7 +184,12 @@ class Session:
     def resolve(self, mode: str) -> registry.Resolution:
         if mode.startswith("hf:"):
             return registry.Resolution(mode, mode)
-        return registry.resolve_for_model(mode, self.lm.model_type, no_fallback=self.cfg.no_fallback)
+        res = registry.resolve_for_model(mode, self.lm.model_type, no_fallback=self.cfg.no_fallback)
+        n, layers = self.boundary_v(res.effective), self.lm.args.n_layers
+        if n and 2 * n >= layers:  # e.g. dummy:tiny's 4 layers under the default 2: the mode would be fp16
+            note = f"{res.effective}: --boundary-v {n} keeps all {layers} layers at fp16, nothing is quantized"
+            res = registry.Resolution(res.requested, res.effective, "; ".join(x for x in (res.note, note) if x))
+        return res
 
     def sparse_v(self, mode: str) -> float:
         """--sparse-v-threshold for `mode`'s caches: fp16 stays dense (the reference every mode is

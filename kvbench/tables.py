@@ -72,7 +72,7 @@ def _audit_table(rows: list[dict], width: int) -> Table:
         title_justify="left",
         caption=None
         if wide
-        else f"Output text, and the mode a fallback ran as: in audit.csv (shown here from {WIDE_AUDIT} columns).",
+        else f"Output text and fallback targets are in audit.csv (shown here on consoles of {WIDE_AUDIT}+ columns).",
         caption_justify="left",
         box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD,
         pad_edge=wide,
@@ -97,7 +97,9 @@ def _bench_table(rows: list[dict], width: int) -> Table:
     t = Table(
         title="decode-bench",
         title_justify="left",
-        caption=None if wide else f"KV bytes per token: in bench.csv (shown here from {WIDE_BENCH} columns).",
+        caption=None
+        if wide
+        else f"KV bytes per token are in bench.csv (shown here on consoles of {WIDE_BENCH}+ columns).",
         caption_justify="left",
         box=box.HEAVY_HEAD if wide else box.SIMPLE_HEAD,
         pad_edge=wide,
@@ -130,6 +132,25 @@ def print_rows(job: str, rows: list[dict], console) -> None:
     else:
         t = _bench_table(rows, console.width)
     console.print(t)
+    for line in failure_lines(rows):
+        console.print(line, markup=False, highlight=False)
+
+
+FAILED = ("error", "oom")
+
+
+def failure_lines(rows: list[dict]) -> list[str]:
+    """Why each failed cell failed, one line each (the table shows only its status): the last part of its
+    notes, where the cell appends the exception's one-line message."""
+    out = []
+    for r in rows:
+        if r.get("status") not in FAILED:
+            continue
+        parts = [p.strip() for p in (r.get("notes") or "").split("; ") if p.strip()]
+        where = " ".join(x for x in (_ctx(r["context_tokens"]), _check(r) if r.get("check") else "") if x)
+        batch = f" x{r['batch']}" if r.get("batch") not in (None, "") and "check" not in r else ""
+        out.append(f"{r['status']}: {where}{batch} {r['kv_cache_mode']}: {parts[-1] if parts else 'no message'}")
+    return out
 
 
 def _style(status: str | None) -> str:

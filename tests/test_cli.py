@@ -103,31 +103,34 @@ def test_sparse_v_rows_and_report(tmp_path):
         (["audit", "--contexts", "abc"], "not a whole number"),
         (["audit", "--contexts", "1.5"], "'1.5' is not a whole number"),
         (["audit", "--contexts", "1.5e3"], "not a whole number"),
-        (["decode-bench", "--model", "dummy:tiny", "--batch", "2.5"], "batch: '2.5' is not a whole number"),
+        (["decode-bench", "--model", "dummy:tiny", "--batch", "2.5"], "--batch: '2.5' is not a whole number"),
         (["audit", "--contexts", "0"], "must be positive"),
         (["audit", "--contexts", "-5"], "must be positive"),
         (["audit", "--model", "dummy:tiny", "--contexts", "100000000"], "exceeds|needs"),
         (["decode-bench", "--model", "dummy:tiny", "--batch", "0"], "must be positive"),
-        (["audit", "--model", "dummy:tiny", "--dtype", "int3"], "dtype"),
+        (["audit", "--model", "dummy:tiny", "--dtype", "int3"], "--dtype: 'int3'"),
         (["audit", "--config", "/nonexistent.toml"], "config file not found"),
         (
             ["decode-bench", "--model", "dummy:tiny", "--sparse-v-threshold", "1"],
-            r"sparse-v-threshold: must be in \[0, 1\)",
+            r"--sparse-v-threshold: must be in \[0, 1\)",
         ),
-        (["audit", "--model", "dummy:tiny", "--sparse-v-threshold", "-0.1"], "sparse-v-threshold"),
+        (["audit", "--model", "dummy:tiny", "--sparse-v-threshold", "-0.1"], "--sparse-v-threshold: "),
         (["report", "/nonexistent/dir"], "results folder not found"),
-        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--modes", ""], "needs at least one mode"),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--modes", ""], "--modes: needs at least one mode"),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--modes", ","], "needs at least one mode"),
-        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--yarn", "bogus"], "yarn: 'bogus'"),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--yarn", "bogus"], "--yarn: 'bogus'"),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--yarn", "0"], "factor >= 1"),
-        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--format", ""], "format: must include csv"),
-        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--near-tie-margin", "-1"], "near-tie-margin"),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--format", ""], "--format: must include csv"),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--near-tie-margin", "-1"], "--near-tie-margin: "),
         (
             ["decode-bench", "--model", "dummy:tiny", "--contexts", "64", "--capacity", "--memory-budget-gb", "-1"],
-            "memory-budget-gb",
+            "--memory-budget-gb: ",
         ),
-        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--device", "cpu", "--devices", "cpu,cpu"], "not both"),
-        (["audit", "--model", "", "--contexts", "64"], "model: is empty"),
+        (
+            ["audit", "--model", "dummy:tiny", "--contexts", "64", "--device", "cpu", "--devices", "cpu,cpu"],
+            "--devices: .*not both",
+        ),
+        (["audit", "--model", "", "--contexts", "64"], "--model: is empty"),
         (
             ["audit", "--model", "dummy:tiny", "--contexts", "64", "--gen-tokens", "100000"],
             "gen-tokens 100000 is more than the 4096 positions",
@@ -136,6 +139,16 @@ def test_sparse_v_rows_and_report(tmp_path):
             ["decode-bench", "--model", "dummy:tiny", "--contexts", "64", "--gen", "2000", "--repeats", "3"],
             "= 6016 decoded tokens is more than the 4096 positions",
         ),
+        # --compare-kernels runs the Triton path: without a GPU it is refused, as --kernel triton is
+        (
+            ["audit", "--model", "dummy:tiny", "--contexts", "64", "--device", "cpu", "--compare-kernels"],
+            "--compare-kernels needs a CUDA GPU",
+        ),
+        (
+            ["audit", "--model", "dummy:tiny", "--contexts", "64", "--devices", "cpu,cpu", "--compare-kernels"],
+            "--compare-kernels needs a CUDA GPU",
+        ),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--gen-tokens", "1"], "^error: --gen-tokens: "),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(args, message, tmp_path, capsys, monkeypatch):
@@ -188,9 +201,17 @@ def test_help_prose_wraps_to_the_terminal_and_examples_fit_80_columns():
                 assert nxt.strip() == "" or nxt.startswith("   kvbench ") or nxt.startswith("╭"), (cmd, line, nxt)
 
 
+def test_top_level_help_lists_every_command_within_80_columns():
+    top = runner.invoke(app, ["--help"], env={"COLUMNS": "80"}).output
+    for cmd in ("audit", "decode-bench", "report", "plan", "modes"):
+        assert re.search(rf"^ kvbench {cmd} +\S", top, re.M), (cmd, top)
+    assert max(len(line) for line in top.splitlines()) <= 80, top
+
+
 def test_modes_lists_registry():
     result = run(["modes"])
     assert "fp16" in result.output and "int8" in result.output
+    assert "hf:quanto-int4" in result.output and "hf:all" in result.output  # the peers --modes also takes
 
 
 @pytest.mark.parametrize(
@@ -417,3 +438,155 @@ def test_counts_take_k_and_whole_decimals():
 
     assert parse_int_list("2048, 8k,32K,1.5k,0.5K,3.", "contexts") == [2048, 8192, 32768, 1536, 512, 3]
     assert parse_int_list(None, "contexts") is None
+
+
+def report_dirs(monkeypatch, capsys, argv, code=0):
+    """Run `kvbench report ...` with render_report replaced: the folders it was given, and stderr."""
+    import sys
+
+    import kvbench.report
+
+    seen = []
+    monkeypatch.setattr(kvbench.report, "render_report", lambda dirs, out: seen.extend(dirs) or "report.md")
+    monkeypatch.setattr(sys, "argv", ["kvbench", "report", *map(str, argv)])
+    if code:
+        with pytest.raises(SystemExit) as exc:
+            main()
+        assert exc.value.code == code
+    else:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err, err
+    return seen, err
+
+
+def results_folder(path, stem="bench"):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / f"{stem}.csv").write_text("x\n")
+    return path
+
+
+def test_report_of_a_file_says_it_is_not_a_folder(tmp_path, monkeypatch, capsys):
+    run_dir = results_folder(tmp_path / "run", "audit")
+    _, err = report_dirs(monkeypatch, capsys, [run_dir / "audit.csv"], code=2)
+    assert (
+        err
+        == f"error: {run_dir / 'audit.csv'} is a file, not a results folder; give its folder: kvbench report {run_dir}"
+    )
+    (tmp_path / "notes.txt").write_text("")
+    _, err = report_dirs(monkeypatch, capsys, [tmp_path / "notes.txt"], code=2)
+    assert err.startswith("error: ") and "is a file, not a results folder" in err and "give its folder" not in err
+
+
+def test_plan_then_report_skips_the_job_files(tmp_path, monkeypatch, capsys):
+    """plan --file inside --out puts jobs.txt and jobs.slurm.sh beside the job folders: its hint globs folders
+    only (`OUT/*/`), and `report OUT/*` skips the files with one warning line (a lone file stays an error)."""
+    import glob
+    import sys
+    from pathlib import Path
+
+    config = str(Path(__file__).resolve().parent.parent / "configs" / "ci-tiny.toml")
+    out = tmp_path / "sweep"
+    argv = ["kvbench", "plan", "decode-bench", "--config", config, "--out", str(out), "--file", str(out / "jobs.txt")]
+    monkeypatch.setattr(sys, "argv", argv)
+    main()
+    hint = capsys.readouterr().err.strip().splitlines()[-1]
+    assert hint.endswith(f"then: kvbench report {out}/*/"), hint
+    folders = [results_folder(out / "ctx48-b1"), results_folder(out / "ctx96-b1")]
+    assert sorted(glob.glob(f"{out}/*/")) == [f"{d}/" for d in folders]  # what the shell makes of the hint
+    dirs, err = report_dirs(monkeypatch, capsys, sorted(out.glob("*")))
+    assert dirs == folders
+    assert err.startswith("warning: skipping 2 path(s) that are files: ") and "jobs.slurm.sh" in err, err
+    assert "\n" not in err
+    _, err = report_dirs(monkeypatch, capsys, [out / "jobs.txt", out / "jobs.slurm.sh"], code=2)
+    assert err == "error: none of the 2 paths is a results folder (all are files)", err
+    _, err = report_dirs(monkeypatch, capsys, [*folders, out / "missing"], code=2)
+    assert err == f"error: results folder not found: {out / 'missing'}", err
+    _, err = report_dirs(monkeypatch, capsys, [out], code=2)  # the sweep's parent folder
+    assert err == f"error: no CSV files in {out}; its subfolders have some: kvbench report {out}/*/", err
+
+
+def test_report_without_arguments_takes_the_folder_with_the_newest_csv(tmp_path, monkeypatch, capsys):
+    """Not the newest folder: a sweep's parent folder (its CSVs are in subfolders) or an empty one is newer."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    _, err = report_dirs(monkeypatch, capsys, [], code=2)
+    assert err == "error: no results folder given and no CSV files under results/", err
+    old = results_folder(tmp_path / "results" / "old")
+    new = results_folder(tmp_path / "results" / "sweep" / "ctx2048")
+    (tmp_path / "results" / "empty").mkdir()
+    os.utime(old / "bench.csv", (1e9, 1e9))
+    os.utime(new / "bench.csv", (2e9, 2e9))
+    os.utime(tmp_path / "results" / "sweep", (3e9, 3e9))
+    os.utime(tmp_path / "results" / "empty", (4e9, 4e9))
+    dirs, _ = report_dirs(monkeypatch, capsys, [])
+    assert [d.resolve() for d in dirs] == [new.resolve()]
+    os.utime(old / "bench.csv", (5e9, 5e9))
+    dirs, _ = report_dirs(monkeypatch, capsys, [])
+    assert [d.resolve() for d in dirs] == [old.resolve()]
+
+
+def test_random_fill_honours_max_kv_size(tmp_path):
+    # --fill random (the dummy models' default) once ignored the cap: its rows claimed a cap they did not measure
+    common = ["--model", "dummy:tiny", "--modes", "fp16,int8", "--contexts", "200", "--quiet"]
+    common += ["--gen", "2", "--repeats", "1", "--warmup", "1", "--max-kv-size", "48"]
+    by_fill = {}
+    for fill in ("random", "prefill"):
+        run(["decode-bench", *common, "--fill", fill, "--out", str(tmp_path / fill)])
+        by_fill[fill] = {r["kv_cache_mode"]: r for r in read(tmp_path / fill / "bench.csv")}
+    uncapped = tmp_path / "uncapped"
+    run(["decode-bench", *common[:-2], "--fill", "random", "--out", str(uncapped)])
+    full = {r["kv_cache_mode"]: r for r in read(uncapped / "bench.csv")}
+    for mode in ("fp16", "int8"):
+        assert by_fill["random"][mode]["kv_bytes"] == by_fill["prefill"][mode]["kv_bytes"], mode
+        assert int(by_fill["random"][mode]["kv_bytes"]) * 3 < int(full[mode]["kv_bytes"]), mode
+
+
+def test_boundary_that_covers_every_layer_is_said(tmp_path):
+    # dummy:tiny has 6 layers: --boundary-v 3 keeps all of them at fp16, so turbo4-asym would quietly be fp16
+    out = tmp_path / "b"
+    args = ["audit", "--model", "dummy:tiny", "--modes", "turbo4-asym", "--contexts", "40", "--gen-tokens", "4"]
+    run([*args, "--boundary-v", "3", "--out", str(out), "--quiet"])
+    row = next(r for r in read(out / "audit.csv") if r["kv_cache_mode"] == "turbo4-asym")
+    assert "keeps all 6 layers at fp16, nothing is quantized" in row["notes"], row["notes"]
+    run([*args, "--out", str(tmp_path / "d"), "--quiet"])  # the default 2 leaves layers 2-3 quantized
+    row = next(r for r in read(tmp_path / "d" / "audit.csv") if r["kv_cache_mode"] == "turbo4-asym")
+    assert "nothing is quantized" not in row["notes"] and row["kl_div"] not in ("0", "0.0"), row
+
+
+def test_a_mode_is_not_called_degenerate_for_matching_a_degenerate_fp16(tmp_path):
+    # random weights loop, so fp16's own greedy text trips the detector; int8 (identical tokens) once got
+    # status "degenerate" for it, and the report then advised against every mode
+    out = tmp_path / "g"
+    run(["audit", "--model", "dummy:tiny", "--modes", "fp16,int8", "--contexts", "256", "--gen-tokens", "16",
+         "--out", str(out), "--quiet"])  # fmt: skip
+    rows = {r["kv_cache_mode"]: r for r in read(out / "audit.csv")}
+    assert rows["fp16"]["degenerate"] == "true", rows["fp16"]  # the premise: this model's fp16 output loops
+    assert rows["int8"]["degenerate"] == "true" and "so is fp16's output" in rows["int8"]["degenerate_reason"]
+    assert rows["int8"]["status"] != "degenerate" and rows["int8"]["verdict"] != "degenerate", rows["int8"]
+
+
+def test_decoding_past_the_trained_positions_is_noted():
+    from kvbench.engine.weights import load_model, past_trained
+
+    lm = load_model("dummy:tiny", device="cpu")
+    trained = lm.args.max_position_embeddings
+    assert past_trained(lm, trained - 4, trained + 4) and "past the" in past_trained(lm, trained - 4, trained + 4)
+    assert past_trained(lm, trained - 8, trained) == ""
+    assert past_trained(lm, trained - 4, trained + 4, yarn="2") == ""  # a forced YaRN factor covers it
+
+
+def test_failed_cells_say_why_below_the_table():
+    from kvbench.tables import failure_lines
+
+    rows = [
+        {"context_tokens": 2048, "check": "greedy", "kv_cache_mode": "int8", "status": "ok", "notes": ""},
+        {"context_tokens": 8192, "check": "greedy", "kv_cache_mode": "mine", "status": "error",
+         "notes": "yarn x2 (context 8192 > 4096 trained); RuntimeError: shapes do not match"},
+        {"context_tokens": 32768, "batch": 16, "kv_cache_mode": "fp16", "status": "oom", "notes": "CUDA out of memory"},
+    ]  # fmt: skip
+    assert failure_lines(rows) == [
+        "error: 8K greedy mine: RuntimeError: shapes do not match",
+        "oom: 32K x16 fp16: CUDA out of memory",
+    ]

@@ -1019,3 +1019,173 @@ def test_kernel_check_with_the_fp32_yardstick(tmp_path):
         "`turbo4-asym`": ["0.007", "—", "yes"],
     }
     assert "differs from the KL's" not in kernel  # the file's calls are the rule's
+
+
+# ---------------------------------------------------------------------------
+# Review fixes: plot names, duplicates, timing noise, estimated capacity, wording, a degenerate reference
+
+
+def test_reports_sharing_a_folder_keep_their_own_plots(tmp_path):
+    """`--out x/a.md` then `--out x/b.md`: each report links plots named after it, so b does not overwrite a's."""
+    a = write(tmp_path / "a", audit=audit_rows(), bench=bench_rows())
+    b = write(tmp_path / "b", bench=[_bench("fp16", 4096, 1, 100.0, 1.0, 10.0)])
+    out = tmp_path / "x"
+    text_a = render_report([a], out / "a.md").read_text()
+    text_b = render_report([b], out / "b.md").read_text()
+    for name in ("a_decode_tok_s.png", "a_peak_mem.png", "a_quality.png", "a_niah.png"):
+        assert (out / name).is_file() and f"]({name})" in text_a, name
+    assert "](b_decode_tok_s.png)" in text_b and (out / "b_decode_tok_s.png").is_file()
+    assert "report_" not in text_a + text_b and not list(out.glob("report_*.png"))
+    # report.md keeps today's names
+    text = render_report([b], out / "report.md").read_text()
+    assert "](report_decode_tok_s.png)" in text and (out / "report_decode_tok_s.png").is_file()
+
+
+def test_duplicate_cells_are_dropped_with_a_note(tmp_path):
+    """The same cell appended three times (one re-run with other settings): the latest row is shown, the
+    summary counts what is shown, and a note says how many rows were dropped and which settings differ."""
+    bench = [
+        _bench("fp16", 2048, 1, 200.0, 1.0, 10.0, gen_tokens=64),
+        _bench("int8", 2048, 1, 210.0, 1.05, 9.0),
+        _bench("fp16", 2048, 1, 201.0, 1.0, 10.0, gen_tokens=64),
+        _bench("fp16", 2048, 1, 190.0, 1.0, 10.0, gen_tokens=128),
+    ]
+    text = render_report([write(tmp_path / "gen", bench=bench)]).read_text()
+    summary = _section(text, "## Summary")
+    assert "(2 rows)" in summary
+    assert "**Note**: 2 benchmark rows dropped as duplicates" in summary
+    assert "The rows of a cell differ in `gen_tokens`" in summary
+    table = _section(text, "## Benchmark")
+    assert "| 2K | 1 | `fp16` | triton, graphs | 190.0 " in table and "200.0" not in table and "201.0" not in table
+    # Duplicates with equal settings (and an audit cell run twice in one file) say so.
+    audit = [_greedy("fp16", 2048, verdict="reference"), _greedy("int8", 2048), _greedy("int8", 2048)]
+    text = render_report([write(tmp_path / "same", audit=audit, bench=bench[:3])]).read_text()
+    note = [ln for ln in _section(text, "## Summary").splitlines() if ln.startswith("**Note**")]
+    assert note == [
+        "**Note**: 1 benchmark and 1 audit rows dropped as duplicates: each repeats a cell that has a later row "
+        "(the same cell run again), and the tables show the latest row of each cell. The duplicates were run "
+        "with the same settings."
+    ]
+    # No duplicates, no note.
+    assert "**Note**" not in render_report([write(tmp_path / "none", bench=bench[:2])]).read_text()
+
+
+def test_noisy_timing_is_flagged_and_the_pick_says_so(tmp_path):
+    """A single repeat or a min–max spread above 10% of the median marks the cell (and ratios on it), and
+    the Pick names the noisy cells it rests on; tok/s is said to be summed over the batch."""
+    bench = [
+        _bench("fp16", 2048, 1, 200.0, 1.0, 10.0),
+        _bench("int8", 2048, 1, 260.0, 1.3, 9.0, decode_tok_s_min=230.0, decode_tok_s_max=290.0),  # 23% spread
+        _bench("turbo4-asym", 2048, 1, 210.0, 1.05, 9.5, repeats=1),
+    ]
+    text = render_report([write(tmp_path / "noisy", bench=bench)]).read_text()
+    table = _section(text, "## Benchmark")
+    assert "Decode tok/s, summed over the batch (median, min–max)" in table
+    assert "summed over the batch (batch × timed tokens / seconds" in table
+    assert "| 260.0 (230.0–290.0) † | 1.30x † |" in table and "noisy timing: min–max spread 23.1%" in table
+    assert "noisy timing: 1 repeat" in table
+    assert "| 200.0 (198.0–202.0) | 1.00x |" in table  # fp16 itself is steady
+    assert "† noisy timing: the cell ran a single repeat, or its repeats' min–max spread exceeds 10%" in table
+    rec = _section(text, "## Recommendation")
+    assert "Pick: `int8` at 2K (batch 1): 1.30x fp16 decode" in rec
+    assert "The timing it rests on is noisy (`int8` min–max spread 23.1%; `turbo4-asym` 1 repeat)" in rec
+    # Steady timings: no flag anywhere.
+    full = render_report([write(tmp_path / "steady", bench=bench_rows())]).read_text()
+    assert "noisy" not in full and "†" not in full
+
+
+def test_estimated_capacity_is_labelled_as_an_estimate(tmp_path):
+    """Off CUDA the capacity search sizes buffers instead of allocating them (kvbench.bench): the report says
+    estimated, not "ran" or "oom"."""
+    note = "capacity search at 32768 tokens: largest batch that fits in 100.0 GB (estimated from buffer sizes, not allocated)"
+    cpu = {"device": "CPU", "peak_mem_kind": "cpu_estimate"}
+    bench = [
+        _bench("fp16", 2048, 1, 20.0, 1.0, 1.0, **{**cpu, "peak_mem_kind": "cpu_peak_rss"}),
+        _bench("fp16", 32768, 8, None, None, 60.0, notes=note, **cpu),
+        _bench("fp16", 32768, 9, status="oom", notes=note, **{**cpu, "peak_mem_kind": ""}),
+    ]
+    text = render_report([write(tmp_path, bench=bench)]).read_text()
+    capacity = _section(text, "## Capacity")
+    assert "Largest batch that ran" not in capacity and "(oom)" not in capacity
+    assert "| `fp16` | 32K | 8 (estimated, not allocated) | 60.00 | 9 (over budget, estimated) |" in capacity
+    assert "allocates nothing" in capacity
+    rec = _section(text, "## Recommendation")
+    assert "Capacity at 32K (estimated from buffer sizes, not allocated): `fp16` batch 8." in rec
+    # Allocated (CUDA) searches keep their wording.
+    full = render_report([write(tmp_path / "gpu", bench=bench_rows())]).read_text()
+    assert "Largest batch that ran (status ok)" in full and "estimated" not in full
+
+
+def test_small_units_plurals_and_notes(tmp_path):
+    """A tiny model's weights in MB, not "0.00 GB"; "1 repeat", "1 command run"; the loader's synthetic note
+    not repeated as "synthetic model"; overlapping note parts shown once."""
+    tiny = {"model": "dummy:tiny", "synthetic": True, "notes": "synthetic: random weights"}
+    audit = [_greedy("fp16", 256, verdict="reference", **tiny), _greedy("int8", 256, **tiny)]
+    bench = [
+        _bench("fp16", 256, 1, 20.0, 1.0, 0.5, repeats=1, warmup=1, weight_bytes=1444096, model="dummy:tiny"),
+        _bench("int8", 256, 1, 21.0, 1.05, 0.5, repeats=1, warmup=1, weight_bytes=1444096, model="dummy:tiny"),
+    ]
+    folder = write(tmp_path, audit, bench, runs_rows()[:1])
+    text = render_report([folder]).read_text()
+    method = _section(text, "## Benchmark")
+    assert "weights 1.44 MB" in method and "0.00 GB" not in method
+    assert "the median over 1 repeat of 128 timed tokens after 1 warm-up token;" in method
+    assert "(1 command run)" in _section(text, "## Raw data")
+    matrix = "\n".join(_matrix_rows(text))
+    assert "synthetic: random weights" in matrix and "synthetic model" not in matrix
+    assert report.note_parts("synthetic model; random K/V (no prefill; synthetic model); Yarn x2; yarn  X2") == [
+        "random K/V (no prefill; synthetic model)",
+        "Yarn x2",
+    ]
+    assert report.note_parts("RuntimeError: boom; error") == ["RuntimeError: boom", "error"]  # words, not letters
+    assert report.fmt_weight_bytes(16.06e9) == "16.06 GB" and report.fmt_weight_bytes(512e3) == "0.51 MB"
+    assert report.fmt_weight_bytes(51e3) == "51.00 KB"
+
+
+def test_long_context_intro_names_only_the_checks_that_ran(tmp_path):
+    rows = [r for r in _long_context_rows() if r["check"] in ("greedy", "niah")]
+    block = _section(render_report([write(tmp_path, audit=rows)]).read_text(), "## Audit status matrix")
+    intro = block.split("### Long-context checks", 1)[1].strip().splitlines()[0]
+    assert intro == "Per context: needles found / trials. The section below has the detail."
+    text = render_report([write(tmp_path / "all", audit=_long_context_rows())]).read_text()
+    assert (
+        "Per context: output with a bounded cache vs fp16 (`keep` sink tokens kept), generation from a reused "
+        "prefix vs a fresh prefill and needles found / trials. The sections below have the detail."
+    ) in text
+
+
+def test_a_degenerate_reference_is_not_a_mode_to_avoid(tmp_path):
+    """A random-weight model's greedy text loops, fp16's too: the report never says to avoid fp16, says the
+    reference is degenerate, and judges the modes there by their tokens (the audit flags them degenerate too)."""
+    loop = "repeated 4-grams 85% (loop: '466 375 466 ...')"
+    audit = [
+        _greedy("fp16", 256, verdict="degenerate", degenerate=True, degenerate_reason=loop),
+        _greedy("int8", 256, degenerate=True, degenerate_reason=f"{loop}; so is fp16's output"),
+        _greedy(
+            "turbo3-asym",
+            256,
+            status="diverged",
+            verdict="diverged",
+            first_divergence=3,
+            identical_to_fp16=False,
+            degenerate=True,
+            degenerate_reason=f"{loop}; so is fp16's output",
+        ),
+        _greedy("fp16", 2048, verdict="reference"),
+        _greedy("turbo4-asym", 2048, status="degenerate", verdict="degenerate", degenerate=True),
+    ]
+    text = render_report([write(tmp_path, audit=audit)]).read_text()
+    rec = _section(text, "## Recommendation")
+    avoid = [ln for ln in rec.splitlines() if "Avoid" in ln]
+    # turbo4-asym: fp16 is fine at 2K, a real degeneracy; int8 matched fp16's tokens
+    assert avoid == [
+        "- Avoid on this setup: `turbo4-asym`: degenerate at 2K; `turbo3-asym`: diverged at token 3 at 256."
+    ]
+    assert f"The reference output itself is degenerate (`fp16` at 256: {loop})" in rec
+    assert "degeneracy verdicts are not meaningful for this model there" in rec
+    by_mode = {r.split("|")[1].strip().strip("`"): r for r in _matrix_rows(text)}
+    assert "reference (its own output is degenerate at 256)" in by_mode["fp16"]
+    assert "256: identical" in by_mode["int8"]
+    summary = _section(text, "## Summary")
+    assert "int8 was identical at every audited context" in summary
+    assert "The fp16 output itself is degenerate at 256" in summary

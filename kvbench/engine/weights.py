@@ -369,6 +369,15 @@ def _load_hf_folder(folder: Path, device, dtype, *, model_id: str, weights_hash:
     )
 
 
+def past_trained(lm: LoadedModel, context: int, positions: int, yarn: str = "auto") -> str:
+    """A note where a prompt that fits the trained positions (so RoPE stays unscaled, see fit_context) is
+    decoded past them: `positions` counts the prompt and every token decoded after it; "" otherwise."""
+    trained = lm.args.max_position_embeddings
+    if yarn in ("auto", "off") and context <= trained < positions:
+        return f"decoding runs to position {positions}, past the {trained} trained (RoPE unscaled: the prompt fits)"
+    return ""
+
+
 def fit_context(lm: LoadedModel, context: int, yarn: str = "auto") -> str:
     """Set RoPE for a prompt of `context` tokens; return a note (or "").
 

@@ -1,0 +1,170 @@
+"""Config files and command-line values -> a validated config: spellings, duplicates, unreadable files,
+and error messages that say where a bad value came from."""
+
+import re
+import sys
+
+import pytest
+
+from kvbench.cli import main
+from kvbench.config import build_config
+from kvbench.errors import KvbenchError
+
+
+def one_line_error(monkeypatch, capsys, argv) -> str:
+    """Run `kvbench argv`; it must fail with exit 2 and a single `error: ...` line, no traceback."""
+    monkeypatch.setattr(sys, "argv", ["kvbench", *argv])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def write(path, data: bytes | str):
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return str(path)
+
+
+# ---------------------------------------------------------------- unreadable files
+def test_config_file_not_utf8_is_one_line(tmp_path, monkeypatch, capsys):
+    cfg = write(tmp_path / "c.toml", b"\xff\xfe[\x00c\x00")  # UTF-16, as some editors save
+    out = tmp_path / "o"
+    err = one_line_error(monkeypatch, capsys, ["audit", "--config", cfg, "--out", str(out)])
+    assert cfg in err and "not UTF-8" in err and "0xff" in err, err
+    assert not out.exists()
+
+
+def test_config_file_that_is_a_folder_says_so(tmp_path, monkeypatch, capsys):
+    err = one_line_error(monkeypatch, capsys, ["audit", "--config", str(tmp_path)])
+    assert "is a directory" in err and "not found" not in err, err
+
+
+@pytest.mark.parametrize("kind", ["folder", "binary", "missing"])
+def test_prompt_file_unreadable_is_one_line_before_the_model_loads(kind, tmp_path, monkeypatch, capsys):
+    import kvbench.session
+
+    def no_model(*a, **k):
+        raise AssertionError("the model loaded before --prompt-file was checked")
+
+    monkeypatch.setattr(kvbench.session, "load_model", no_model)
+    path = {"folder": tmp_path, "missing": tmp_path / "nope.txt"}.get(kind)
+    path = path or write(tmp_path / "p.txt", b"\xff\xfe\x00t\x00e\x00x\x00t")
+    out = tmp_path / "o"
+    argv = ["audit", "--model", "dummy:tiny", "--contexts", "64", "--prompt-file", str(path), "--out", str(out)]
+    err = one_line_error(monkeypatch, capsys, argv)
+    assert err.startswith("error: --prompt-file: ") and str(path) in err, err
+    assert {"folder": "is a directory", "binary": "is not UTF-8 text", "missing": "not found"}[kind] in err, err
+    assert not out.exists()
+
+
+# ---------------------------------------------------------- option names as keys
+@pytest.mark.parametrize(
+    "text, field, value",
+    [
+        ("kv_cap_check = [256]", "kv_caps", [256]),
+        ("kv-cap-check = [256]", "kv_caps", [256]),
+        ("kv_caps = [256]", "kv_caps", [256]),
+        ('format = ["csv", "md"]', "formats", ["csv", "md"]),
+        ('formats = ["csv", "md"]', "formats", ["csv", "md"]),
+        ("no_cuda_graphs = true", "cuda_graphs", False),
+        ("no-cuda-graphs = false", "cuda_graphs", True),
+        ("cuda_graphs = false", "cuda_graphs", False),
+        ("no_pdl = true", "pdl", False),
+        ("pdl = false", "pdl", False),
+        ("no_gemv_kernel = true", "gemv_kernel", False),
+        ("gemv_kernel = false", "gemv_kernel", False),
+    ],
+)
+def test_config_keys_take_the_option_names(tmp_path, text, field, value):
+    """README: keys are the long option names with `_`; the field names keep working too."""
+    cfg = build_config("audit", write(tmp_path / "c.toml", f"[audit]\n{text}\n"), {})
+    assert getattr(cfg, field) == value
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[audit]\nkv_cap_check = [256]\nkv_caps = [512]\n",
+        "[common]\nno_pdl = true\npdl = true\n",
+        '[common]\nformat = ["csv"]\nformats = ["csv"]\n',
+        "[audit]\ngen_tokens = 3\ngen-tokens = 4\n",
+    ],
+)
+def test_two_spellings_of_one_option_is_an_error(tmp_path, text):
+    with pytest.raises(KvbenchError, match=r"c\.toml \[(common|audit)\]: '.+' and '.+' set the same option"):
+        build_config("audit", write(tmp_path / "c.toml", text), {})
+
+
+def test_alias_keeps_type_check_and_job_tables(tmp_path):
+    with pytest.raises(KvbenchError, match=r"key 'no_pdl' must be bool"):
+        build_config("audit", write(tmp_path / "c.toml", '[common]\nno_pdl = "yes"\n'), {})
+    # an audit-only option in [decode-bench] is unknown there, whichever spelling
+    with pytest.raises(KvbenchError, match=r"unknown key 'kv_cap_check' in \[decode-bench\]"):
+        build_config("decode-bench", write(tmp_path / "d.toml", "[decode-bench]\nkv_cap_check = [256]\n"), {})
+
+
+def test_job_table_overrides_common_whatever_the_order(tmp_path):
+    text = "[audit]\ngen_tokens = 3\nno_pdl = true\n[common]\npdl = true\n"
+    cfg = build_config("audit", write(tmp_path / "c.toml", text), {})
+    assert cfg.gen_tokens == 3 and cfg.pdl is False
+
+
+# ------------------------------------------------------------------- duplicates
+def test_duplicate_list_values_run_once_from_the_command_line():
+    from kvbench.cli import _common
+    from kvbench.config import parse_float_list, parse_int_list
+
+    cli = _common(modes="fp16", contexts="256,0.25k,512,256")
+    cli["batch"] = parse_int_list("1,1,2,1", "batch")
+    cfg = build_config("decode-bench", None, cli)
+    assert cfg.contexts == [256, 512] and cfg.batch == [1, 2]
+    cli = _common(modes="fp16", contexts="64")
+    cli["kv_caps"] = parse_int_list("32,32", "kv-cap-check")
+    cli["niah_depths"] = parse_float_list("0.5,0.50,0", "niah-depths")
+    cfg = build_config("audit", None, cli)
+    assert cfg.kv_caps == [32] and cfg.niah_depths == [0.5, 0.0]
+
+
+def test_duplicate_list_values_run_once_from_a_config_file(tmp_path):
+    text = "[common]\ncontexts = [2048, 512, 2048]\n[decode-bench]\nbatch = [4, 1, 4, 1]\n"
+    text += "[audit]\nkv_cap_check = [256, 256]\nniah_depths = [0, 0.0, 1]\n"
+    path = write(tmp_path / "c.toml", text)
+    bench = build_config("decode-bench", path, {})
+    assert bench.contexts == [2048, 512] and bench.batch == [4, 1]
+    audit = build_config("audit", path, {})
+    assert audit.kv_caps == [256] and audit.niah_depths == [0.0, 1.0]
+
+
+# ------------------------------------------------------------ where a value came from
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--gen-tokens", "1"], r"^error: --gen-tokens: must be at least 2$"),
+        (["--kv-cap-check", "2"], r"^error: --kv-cap-check: cap 2 must exceed --keep \(4\)$"),
+        (["--format", "json"], r"^error: --format: must include csv"),
+        (["--ppl-chunk", "0"], r"^error: --ppl-chunk: must be positive$"),
+        (["--niah-depths", "2"], r"^error: --niah-depths: depth 2.0 is outside \[0, 1\]$"),
+    ],
+)
+def test_command_line_errors_name_the_option(args, message, tmp_path, monkeypatch, capsys):
+    argv = ["audit", "--model", "dummy:tiny", "--contexts", "64", *args, "--out", str(tmp_path / "o")]
+    err = one_line_error(monkeypatch, capsys, argv)
+    assert re.search(message, err), err
+    assert "command line" not in err
+
+
+def test_errors_name_the_file_and_key_or_the_option(tmp_path, monkeypatch, capsys):
+    """With a config file, a bad value from the file names file and key as written; a bad value from the
+    command line names the option, not the file."""
+    cfg = write(tmp_path / "c.toml", '[common]\nmodel = "dummy:tiny"\nformat = ["json"]\n[audit]\ngen-tokens = 1\n')
+    with pytest.raises(KvbenchError, match=r"c\.toml: format: must include csv"):
+        build_config("audit", cfg, {})
+    with pytest.raises(KvbenchError, match=r"c\.toml: gen-tokens: must be at least 2"):
+        build_config("audit", cfg, {"formats": ["csv"]})
+    argv = ["audit", "--config", cfg, "--format", "csv", "--gen-tokens", "0", "--out", str(tmp_path / "o")]
+    assert one_line_error(monkeypatch, capsys, argv) == "error: --gen-tokens: must be at least 2"
+    cfg = write(tmp_path / "d.toml", "[decode-bench]\nrepeats = 0\n")
+    with pytest.raises(KvbenchError, match=r"^.*d\.toml: repeats: must be >= 1$"):
+        build_config("decode-bench", cfg, {})
