@@ -69,8 +69,9 @@ class FastDecoder:
                 self.workspaces[c.kernel_mode] = DecodeWorkspace.for_cache(
                     c.kernel_mode, q_like, a.n_kv_heads, c.capacity
                 )
-        for c in caches:
-            c.begin_decode()
+        with torch.inference_mode():  # a fold writes into buffers that a capped prefill may have grown in
+            for c in caches:  # inference mode (inference tensors: no in-place update outside it)
+                c.begin_decode()
         # per layer: the QKV GEMV's and RoPE's extra arguments, where one of them asks L2 for the
         # attention's cache ahead of it (`kernels.prefetch`; off by default)
         self.prefetch = [self._prefetch_args(c) for c in caches]
