@@ -166,7 +166,8 @@ class Progress:
         return self
 
     def __exit__(self, *exc):
-        if self._p:
+        if self._p:  # the last cell's step bar would stay on screen (and in logs) short of its end
+            self._p.update(self._step, visible=False)
             self._p.__exit__(*exc)
 
     def set_total(self, total: int) -> None:

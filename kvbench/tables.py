@@ -45,7 +45,7 @@ def _audit_table(rows: list[dict], width: int) -> Table:
         if r.get("check") == "niah" and r.get("niah_hit") not in (None, ""):
             verdict = "found" if str(r["niah_hit"]).lower() == "true" else "missed"
         if verdict in ("diverged", "near-tie") and r.get("first_divergence") not in (None, ""):
-            verdict += f" @{r['first_divergence']}"
+            verdict += f"@{r['first_divergence']}"  # no space: rich would wrap there
         mode, eff = r["kv_cache_mode"], r.get("effective_mode") or ""
         cells.append(
             {

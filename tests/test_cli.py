@@ -590,3 +590,20 @@ def test_failed_cells_say_why_below_the_table():
         "error: 8K greedy mine: RuntimeError: shapes do not match",
         "oom: 32K x16 fp16: CUDA out of memory",
     ]
+
+
+def test_progress_leaves_no_unfinished_step_bar_in_a_log():
+    # in a log (no terminal) the final render once showed the last cell's step bar at e.g. 7/8
+    import io
+
+    from rich.console import Console
+
+    from kvbench.runtime import Progress
+
+    buf = io.StringIO()
+    with Progress(1, console=Console(file=buf, force_terminal=False, width=100)) as p:
+        p.step("40 greedy int8: decode", 8)
+        p.advance_to(7)
+        p.cell_done()
+    text = buf.getvalue()
+    assert "1/1" in text and "7/8" not in text, text

@@ -201,3 +201,12 @@ def test_plan_emits_one_command_per_group(tmp_path):
     result = run(["plan", "decode-bench", "--config", "configs/ci-tiny.toml", "--out", str(out)])
     lines = [x for x in result.output.splitlines() if x.startswith("kvbench")]
     assert len(lines) >= 2 and all("--resume" in x for x in lines)
+
+
+def test_plan_says_which_contexts_it_assumed(tmp_path):
+    # a config without contexts plans the GPU set (the jobs are for GPU nodes), and says so
+    result = run(["plan", "audit", "--config", "configs/default.toml", "--out", str(tmp_path / "p")])
+    assert "sets no contexts: planned the GPU default 2K, 8K, 32K" in result.output
+    assert sum(x.startswith("kvbench audit") for x in result.output.splitlines()) == 3
+    result = run(["plan", "audit", "--config", "configs/ci-tiny.toml", "--out", str(tmp_path / "q")])
+    assert "sets no contexts" not in result.output
