@@ -32,6 +32,24 @@ app = typer.Typer(
     ),
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        import kvbench
+
+        typer.echo(f"kvbench {kvbench.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Audit and benchmark quantized KV caches."""
+
+
 # ----------------------------------------------------------------- shared options
 Model = Annotated[
     str | None,
@@ -768,6 +786,8 @@ def main() -> None:
     except Exception as exc:  # click usage errors and the like
         errors, aborts = _click_errors()
         if isinstance(exc, errors):
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `kvbench` alone: the help is printed, nothing failed
+                sys.exit(0)
             _fail(_usage_error(exc), exc.exit_code)
         if isinstance(exc, aborts):
             typer.echo("interrupted", err=True)

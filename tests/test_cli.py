@@ -208,6 +208,22 @@ def test_top_level_help_lists_every_command_within_80_columns():
     assert max(len(line) for line in top.splitlines()) <= 80, top
 
 
+def test_version():
+    import kvbench
+
+    assert run(["--version"]).output.strip() == f"kvbench {kvbench.__version__}"
+
+
+def test_bare_command_prints_help_and_no_error(capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["kvbench"])  # it once added "error: ; see 'kvbench --help'" and exit 2
+    with pytest.raises(SystemExit) as exc:
+        main()
+    out, err = capsys.readouterr()
+    assert exc.value.code == 0 and "Usage" in out + err and "error" not in err, err
+
+
 def test_modes_lists_registry():
     result = run(["modes"])
     assert "fp16" in result.output and "int8" in result.output
