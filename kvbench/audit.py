@@ -567,11 +567,13 @@ class AuditJob:
 
         def work(mode):
             nll, count = 0.0, 0
+            cold_read = 0  # a delegated cache's quantized (cold) tokens that the chunks attended to
             for i, win in enumerate(windows):
                 caches = self.s.caches(mode, capacity=ctx)
                 self.p.step(f"{ctx} {mode}: perplexity window {i + 1}/{len(windows)}", ctx)
                 for s in range(0, ctx, self.cfg.ppl_chunk):
                     chunk = win[:, s : s + self.cfg.ppl_chunk]
+                    cold_read += sum(getattr(c, "cold_len", 0) for c in caches)
                     logits = forward_chunk(lm.model, chunk, caches, last_only=False)[0]
                     target = win[0, s + 1 : s + 1 + chunk.shape[1]]
                     lp = F.log_softmax(logits[: target.shape[0]], -1)
@@ -581,6 +583,11 @@ class AuditJob:
             ppl = math.exp(nll / count)
             out = {"ppl": round(ppl, 4), "gen_tokens": 0, "verdict": None}
             out["_note"] = f"{len(windows)} window(s) of {ctx} tokens, chunk {self.cfg.ppl_chunk}"
+            if cold_read == 0 and any(hasattr(c, "cold_len") for c in caches):
+                out["_note"] += (
+                    "; every earlier token was still in the fp16 hot window when a chunk attended to it: no "
+                    "quantized V was read (a longer context or a shorter --ppl-chunk reaches the cold body)"
+                )
             if mode == "fp16":
                 fp16["ppl"] = ppl
             elif fp16:

@@ -39,3 +39,20 @@ def test_kv_cap_keeps_sinks_and_catches_the_dropped_sink_collapse(tmp_path, defa
         assert r["verdict"] == "identical", r
         # the whole prompt but its question (and the chat turn around it) came from the donor
         assert 0 < int(r["context_tokens"]) - int(r["cached_tokens"]) < 40
+
+
+def test_ppl_says_when_delegated_read_no_quantized_token(tmp_path):
+    # at 512 tokens in chunks of 256, every earlier token is still in turbo4-delegated's fp16 hot window when a
+    # chunk attends to it, so its perplexity is fp16's by construction: the row must say so (a user review)
+    rows = {}
+    for chunk in (256, 64):
+        out = tmp_path / f"c{chunk}"
+        args = ["audit", "--modes", "turbo4-delegated", "--contexts", "512", "--gen-tokens", "2", "--ppl"]
+        result = CliRunner().invoke(app, [*args, "--ppl-chunk", str(chunk), "--out", str(out), "--quiet"])
+        assert result.exit_code == 0, result.output
+        with open(out / "audit.csv", newline="") as f:
+            rows[chunk] = {r["kv_cache_mode"]: r for r in csv.DictReader(f) if r["check"] == "ppl"}
+    assert "no quantized V was read" in rows[256]["turbo4-delegated"]["notes"]
+    assert float(rows[256]["turbo4-delegated"]["ppl"]) == float(rows[256]["fp16"]["ppl"])
+    assert "no quantized V was read" not in rows[64]["turbo4-delegated"]["notes"]
+    assert "no quantized V was read" not in rows[64]["fp16"]["notes"]
