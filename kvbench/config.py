@@ -274,6 +274,8 @@ def validate(cfg, origins: dict[str, str] | None = None) -> None:
             bad("fill", f"'{cfg.fill}' is not one of {', '.join(FILLS)}")
         if cfg.memory_budget_gb is not None and not cfg.memory_budget_gb > 0:
             bad("memory_budget_gb", f"must be a positive number of GB, got {cfg.memory_budget_gb}")
+        if cfg.memory_budget_gb is not None and not cfg.capacity:  # it would be ignored: say so instead
+            bad("memory_budget_gb", "only bounds the --capacity search; add --capacity (or leave it out)")
 
 
 _COUNT = re.compile(r"([-+]?(?:\d+(?:\.\d*)?|\.\d+))(k?)")

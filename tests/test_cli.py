@@ -126,6 +126,10 @@ def test_sparse_v_rows_and_report(tmp_path):
             ["decode-bench", "--model", "dummy:tiny", "--contexts", "64", "--capacity", "--memory-budget-gb", "-1"],
             "--memory-budget-gb: ",
         ),
+        (  # without --capacity it bounds nothing: it was ignored in silence
+            ["decode-bench", "--model", "dummy:tiny", "--contexts", "64", "--memory-budget-gb", "2"],
+            "--memory-budget-gb: only bounds the --capacity search",
+        ),
         (
             ["audit", "--model", "dummy:tiny", "--contexts", "64", "--device", "cpu", "--devices", "cpu,cpu"],
             "--devices: .*not both",
