@@ -21,10 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from kvbench import prompts, quality
+from kvbench.config import read_utf8
 from kvbench.engine.generate import KVCap, forward_chunk, greedy_decode, prefill, teacher_forced
 from kvbench.engine.weights import fit_context, load_model, past_trained
 from kvbench.errors import KvbenchError
-from kvbench.results import AUDIT_COLUMNS
+from kvbench.results import AUDIT_COLUMNS, join_notes
 from kvbench.runtime import Progress, is_oom, one_line, release
 from kvbench.session import Session
 from kvbench.sweep import FileSink, Sweep, key
@@ -113,12 +114,13 @@ class AuditJob:
     def _read_prompt_file(self):
         if not self.cfg.prompt_file:
             return None
-        p = Path(self.cfg.prompt_file)
-        if not p.is_file():
-            raise KvbenchError(f"--prompt-file: {p} not found")
+        try:
+            text = read_utf8(Path(self.cfg.prompt_file))
+        except KvbenchError as exc:
+            raise KvbenchError(f"--prompt-file: {exc}") from None
         if self.s.lm.tokenizer is None:
             raise KvbenchError("--prompt-file needs a model with a tokenizer")
-        return self.s.lm.tokenizer(p.read_text(encoding="utf-8"), add_special_tokens=False).input_ids
+        return self.s.lm.tokenizer(text, add_special_tokens=False).input_ids
 
     def natural_length(self) -> int:
         pre, post = prompts._chat_parts(self.s.lm.tokenizer, self.question)
@@ -152,7 +154,7 @@ class AuditJob:
                 continue
             rope_note = fit_context(self.s.lm, ctx, self.cfg.yarn)
             lm, yarn = self.s.lm, self.cfg.yarn  # where the decoded tokens run past the trained positions, say so
-            decode_note = "; ".join(n for n in (rope_note, past_trained(lm, ctx, ctx + self.cfg.gen_tokens, yarn)) if n)
+            decode_note = join_notes(rope_note, past_trained(lm, ctx, ctx + self.cfg.gen_tokens, yarn))
             ids = self.prompt(ctx)
             ref = self._greedy_sweep(ctx, ids, decode_note, "greedy", cap=self._cap())
             if ref is None:
@@ -165,8 +167,7 @@ class AuditJob:
             if self.cfg.prefix_reuse:
                 self._prefix_reuse(ctx, ids, decode_note)
             if self.cfg.niah:
-                niah_note = past_trained(lm, ctx, ctx + NIAH_GEN, yarn)
-                self._niah(ctx, "; ".join(n for n in (rope_note, niah_note) if n))
+                self._niah(ctx, join_notes(rope_note, past_trained(lm, ctx, ctx + NIAH_GEN, yarn)))
             if self.cfg.ppl:
                 self._ppl(ctx, rope_note)
         return self.rows
@@ -386,7 +387,7 @@ class AuditJob:
         def forced_fn():
             return peer_teacher_forced(hf, peer, ids, ref_tokens)
 
-        out = {"kernel": "transformers", "_note": "; ".join(n for n in (spec.settings(), note) if n)}
+        out = {"kernel": "transformers", "_note": join_notes(spec.settings(), note)}
         return toks, logits, forced_fn, out
 
     # ---------------------------------------------------- kernel vs reference

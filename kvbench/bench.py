@@ -20,7 +20,7 @@ from kvbench import prompts
 from kvbench.engine.generate import KVCap, decode_one_token, prefill
 from kvbench.engine.weights import fit_context, past_trained
 from kvbench.errors import KvbenchError
-from kvbench.results import BENCH_COLUMNS
+from kvbench.results import BENCH_COLUMNS, join_notes
 from kvbench.runtime import (
     Progress,
     available_bytes,
@@ -90,9 +90,10 @@ class BenchJob:
                 for _ in keys:
                     self.p.cell_done()
                 continue
-            rope_note = fit_context(self.s.lm, ctx, self.cfg.yarn)
-            past = past_trained(self.s.lm, ctx, self.s.total_positions(ctx), self.cfg.yarn)
-            rope_note = "; ".join(n for n in (rope_note, past) if n)
+            rope_note = join_notes(
+                fit_context(self.s.lm, ctx, self.cfg.yarn),
+                past_trained(self.s.lm, ctx, self.s.total_positions(ctx), self.cfg.yarn),
+            )
             base = None
             for mode in self.s.modes:  # fp16 first: every later cell's ratio is known when it is written
                 done = self.sweep.is_done(keys[mode])
@@ -250,7 +251,7 @@ class BenchJob:
         }
         how = "allocated and decoded" if s.device.type == "cuda" else "estimated from buffer sizes, not allocated"
         note = f"capacity search at {ctx} tokens: largest batch that fits in {budget / GB:.1f} GB ({how})"
-        notes = "; ".join(n for n in (rope_note, res.note, note) if n)
+        notes = join_notes(rope_note, res.note, note)
         rows = []
         if best:
             rows.append({**base, **best, "batch": lo, "status": "ok", "notes": notes,

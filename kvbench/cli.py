@@ -686,7 +686,8 @@ def plan(
     cfg = config_mod.build_config(job, config, {})
     contexts = cfg.contexts or [2048, 8192, 32768]
     if not cfg.contexts:  # the jobs are meant for GPU nodes (the Slurm script asks for one): their default set
-        typer.echo(f"# {config} sets no contexts: planned the GPU default 2K, 8K, 32K (set `contexts` there)", err=True)
+        planned = ", ".join(f"{c // 1024}K" for c in contexts)
+        typer.echo(f"# {config} sets no contexts: planned the GPU default {planned} (set `contexts` there)", err=True)
     cmds = []
     for ctx in contexts:
         batches = cfg.batch if job == "decode-bench" else [None]

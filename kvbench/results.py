@@ -160,6 +160,11 @@ BENCH_COLUMNS = [
 STATUSES = ("ok", "diverged", "degenerate", "fallback", "oom", "error", "skipped")
 
 
+def join_notes(*parts: str) -> str:
+    """A row's `notes`: the non-empty parts, "; "-separated."""
+    return "; ".join(p for p in parts if p)
+
+
 def today() -> str:
     return _dt.date.today().isoformat()
 

@@ -186,9 +186,9 @@ class Session:
             return registry.Resolution(mode, mode)
         res = registry.resolve_for_model(mode, self.lm.model_type, no_fallback=self.cfg.no_fallback)
         n, layers = self.boundary_v(res.effective), self.lm.args.n_layers
-        if n and 2 * n >= layers:  # e.g. dummy:tiny's 4 layers under the default 2: the mode would be fp16
+        if n and 2 * n >= layers:  # e.g. --boundary-v 3 on dummy:tiny's 6 layers: the mode would be fp16
             note = f"{res.effective}: --boundary-v {n} keeps all {layers} layers at fp16, nothing is quantized"
-            res = registry.Resolution(res.requested, res.effective, "; ".join(x for x in (res.note, note) if x))
+            res = registry.Resolution(res.requested, res.effective, results.join_notes(res.note, note))
         return res
 
     def sparse_v(self, mode: str) -> float:
