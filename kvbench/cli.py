@@ -409,7 +409,10 @@ def audit(
     modes: Modes = None,
     contexts: Contexts = None,
     gen_tokens: Annotated[
-        int | None, typer.Option(help="Greedy tokens decoded per mode. \\[default: 64]", show_default=False)
+        int | None,
+        typer.Option(
+            "--gen-tokens", "--gen", help="Greedy tokens decoded per mode. \\[default: 64]", show_default=False
+        ),
     ] = None,
     out: Out = None,
     config: ConfigFile = None,
@@ -528,7 +531,10 @@ def decode_bench(
         typer.Option(help="Untimed decode tokens first (compilation, graphs). \\[default: 16]", show_default=False),
     ] = None,
     gen: Annotated[
-        int | None, typer.Option(help="Timed decode tokens per repeat. \\[default: 128]", show_default=False)
+        int | None,
+        typer.Option(
+            "--gen", "--gen-tokens", help="Timed decode tokens per repeat. \\[default: 128]", show_default=False
+        ),
     ] = None,
     repeats: Annotated[
         int | None, typer.Option(help="Timed repeats; the median is reported. \\[default: 3]", show_default=False)

@@ -597,6 +597,41 @@ def _prepare(frames: list[pd.DataFrame], columns: list[str], numeric: list[str],
     return df
 
 
+NUMERIC = {"audit": AUDIT_NUMERIC, "bench": BENCH_NUMERIC, "runs": RUNS_NUMERIC}
+# Without these a row cannot be placed in any table.
+KEY_COLUMNS = {"audit": ["kv_cache_mode"], "bench": ["kv_cache_mode"], "runs": ["command"]}
+
+
+def _usable(df: pd.DataFrame, path: Path) -> bool:
+    """A results CSV whose header lacks the key columns is not kvbench's: skipped with a one-line warning
+    rather than read as rows that belong to no mode."""
+    if df.empty:
+        return True
+    missing = [c for c in KEY_COLUMNS[path.stem] if c not in df.columns]
+    if missing:
+        header = ", ".join(list(df.columns)[:6]) + (", ..." if len(df.columns) > 6 else "")
+        _warn(f"{path}: no {', '.join(missing)} column (header: {header}); not a kvbench {path.name}, skipped")
+        return False
+    return True
+
+
+def _warn_unparsed(df: pd.DataFrame, path: Path, numeric: list[str]) -> None:
+    """A value in a numeric column that is not a number is read as missing; say so (column, count, the
+    first such value and its line) rather than drop it in silence."""
+    for c in numeric:
+        if c not in df.columns:
+            continue
+        text = df[c].map(_s)
+        bad = text.ne("") & pd.to_numeric(text.replace("", np.nan), errors="coerce").isna()
+        if bad.any():
+            first = bad.to_numpy().nonzero()[0][0]
+            n = int(bad.sum())
+            _warn(
+                f"{path}: {plural(n, 'value')} of {c} {'is' if n == 1 else 'are'} not a number (first"
+                f" {text.iloc[first]!r}, data row {first + 1}); read as missing"
+            )
+
+
 def load_results(results_dirs: list[Path]) -> Results:
     dirs = [Path(d) for d in results_dirs]
     frames: dict[str, list[pd.DataFrame]] = {"audit": [], "bench": [], "runs": []}
@@ -609,6 +644,9 @@ def load_results(results_dirs: list[Path]) -> Results:
             csv_files.append(path)
             if path.stem in frames:
                 df = _read_csv(path)
+                if not _usable(df, path):
+                    continue
+                _warn_unparsed(df, path, NUMERIC[path.stem])
                 df["_source"] = str(d)
                 df["_order"] = range(order, order + len(df))
                 order += len(df)
@@ -1827,6 +1865,16 @@ def section_bench(groups: list[Group]) -> str:
         shared, row_notes = hoist_notes(recs)
         if shared:
             out += [shared, ""]
+        timed = [r for r in recs if r["status"] not in FAIL_STATUSES and _isnum(r["decode_tok_s"])]
+        one_repeat = plural(1, "repeat")
+        if timed and all(r["_noise"] == one_repeat for r in timed):
+            # said once rather than as a † and a note on every row
+            out += [
+                "Every cell ran a single repeat: no spread to judge a timing by; re-run with `--repeats 3` or more.",
+                "",
+            ]
+            for r in recs:
+                r["_noise"] = r["_fp16_noise"] = ""
         for r, row_note in zip(recs, row_notes, strict=True):
             mode = f"`{r['kv_cache_mode']}`"
             if fell_back(r["kv_cache_mode"], r["effective_mode"]):
@@ -2319,6 +2367,14 @@ def _figure(width: float, height: float):
     return fig
 
 
+def _legend_right(fig, handles: list, labels: list[str], title: str, top: float) -> None:
+    """A figure legend at the right edge, the axes laid out in what is left of the width (measured from the
+    drawn legend, so a long label never covers a bar or a line)."""
+    legend = fig.legend(handles, labels, loc="center right", title=title, fontsize=9)
+    width = legend.get_window_extent(fig.canvas.get_renderer()).width / fig.bbox.width
+    fig.tight_layout(rect=(0, 0, max(0.5, 1 - width - 0.01), top))
+
+
 def _mode_colors(modes: list[str]) -> dict[str, tuple]:
     from matplotlib import colormaps
 
@@ -2437,8 +2493,7 @@ def _line_plot(g: Group, value: str, ylabel: str, title: str, path: Path, errors
         ax.set_title(f"batch {int(batch)}" if _isnum(batch) else "all batches")
         ax.set_ylim(bottom=0)
     fig.suptitle(f"{title} — {g.label}", fontsize=11)
-    fig.legend(list(handles.values()), list(handles.keys()), loc="center right", title="KV mode", fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1 - 1.5 / (5.2 * ncols + 1.6), 0.95))
+    _legend_right(fig, list(handles.values()), list(handles.keys()), "KV mode", top=0.95)
     _save(fig, path)
     return True
 
@@ -2493,10 +2548,9 @@ def _quality_plot(g: Group, path: Path) -> bool:
         ax.set_xticklabels(modes)
         ax.set_xlim(-0.6, len(modes) - 0.4)
         ax.grid(True, axis="y", alpha=0.3)
-    ax1.set_ylim(0, 108)
+    ax1.set_ylim(0, 112)  # room for the label over a 100% bar
     ax1.set_ylabel("top-1 agreement (%)")
     ax1.set_title("Top-1 agreement with fp16 (higher is better)")
-    ax1.legend(title="context", fontsize=8, loc="lower left")
     if log_kl:
         ax2.set_yscale("log")
     else:
@@ -2505,7 +2559,8 @@ def _quality_plot(g: Group, path: Path) -> bool:
     ax2.set_xlabel("KV mode")
     ax2.set_title("KL divergence from fp16 (lower is better)")
     fig.suptitle(f"Output quality vs fp16 — {g.label}", fontsize=11)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
+    handles, labels = ax1.get_legend_handles_labels()
+    _legend_right(fig, handles, labels, "context", top=0.96)
     _save(fig, path)
     return True
 

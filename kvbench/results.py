@@ -165,6 +165,10 @@ def join_notes(*parts: str) -> str:
     return "; ".join(p for p in parts if p)
 
 
+def plural_rows(n: int) -> str:
+    return f"{n} row" + ("" if n == 1 else "s")
+
+
 def today() -> str:
     return _dt.date.today().isoformat()
 
@@ -303,6 +307,10 @@ class ResultsWriter:
         unknown = set(row) - set(self.columns)
         if unknown:
             raise ValueError(f"unknown columns {sorted(unknown)}")
+        # JSON first: a run stopped between the two writes leaves the JSONL a row ahead of the CSV (which
+        # `--resume` counts done cells from), and repair_tail trims it back.
+        if "json" in self.formats:
+            self._append(self.json_path, json.dumps({c: row.get(c) for c in self.columns}, default=str) + "\n", None)
         if "csv" in self.formats:
             buf = io.StringIO()
             w = csv.writer(buf, lineterminator="\n")
@@ -311,8 +319,6 @@ class ResultsWriter:
             csv.writer(head, lineterminator="\n").writerow(self.columns)
             self.check_header()
             self._append(self.csv_path, buf.getvalue(), head.getvalue())
-        if "json" in self.formats:
-            self._append(self.json_path, json.dumps({c: row.get(c) for c in self.columns}, default=str) + "\n", None)
 
     def repair_tail(self) -> list[str]:
         """Cut a last line that lacks its newline off the results files, before a sweep appends.
@@ -339,7 +345,38 @@ class ResultsWriter:
                 raise KvbenchError(f"cannot repair {path}: {exc.strerror or exc}") from None
             what = "its header" if keep == 0 else "the last line"
             notes.append(f"{path}: {what} was cut short ({size - keep} bytes without a newline); dropped it")
+        if "json" in self.formats:
+            notes += self._align_json()
         return notes
+
+    def _align_json(self) -> list[str]:
+        """The JSONL holds one line per CSV row. Lines past the CSV's last row (a run stopped between the
+        two writes, or a CSV line dropped above) are rows whose cells `--resume` measures again: trimmed,
+        so the JSONL does not hold them twice. A JSONL behind its CSV (damage from outside) is only reported."""
+        if not self.csv_path.exists() or not self.json_path.exists():
+            return []
+        try:
+            with open(self.csv_path, newline="", encoding="utf-8") as f:
+                rows = max(0, sum(1 for _ in csv.reader(f)) - 1)
+            with open(self.json_path, "rb+") as f:
+                lines = f.read().splitlines(keepends=True)
+                if len(lines) < rows:
+                    behind = plural_rows(rows - len(lines))
+                    return [
+                        f"{self.json_path}: {behind} behind {self.csv_path.name} (left as it is; the CSV is the record)"
+                    ]
+                if len(lines) == rows:
+                    return []
+                f.seek(0)
+                f.truncate(sum(len(x) for x in lines[:rows]))
+        except (UnicodeDecodeError, csv.Error):
+            return []  # check_header says what is wrong with the CSV
+        except OSError as exc:
+            raise KvbenchError(f"cannot repair {self.json_path}: {exc.strerror or exc}") from None
+        extra = len(lines) - rows
+        return [
+            f"{self.json_path}: {plural_rows(extra)} past {self.csv_path.name}'s last row; dropped (measured again)"
+        ]
 
     def check_header(self) -> None:
         """An existing CSV must have this job's columns (checked before a sweep starts, and per row)."""

@@ -31,7 +31,7 @@ def test_audit_bench_report_end_to_end(tmp_path):
         [
             "audit",
             *common,
-            "--gen-tokens",
+            "--gen",  # decode-bench's spelling, accepted by the audit too
             "6",
             "--prefill-chunk",
             "32",
@@ -50,12 +50,13 @@ def test_audit_bench_report_end_to_end(tmp_path):
     }
     assert all(r["status"] in ("ok", "diverged", "degenerate") for r in greedy)
     assert all(r["synthetic"] == "true" for r in rows)
+    assert {r["gen_tokens"] for r in greedy} == {"6"}
     ppl = [r for r in rows if r["check"] == "ppl"]
     assert ppl and all(r["status"] == "skipped" for r in ppl)  # no tokenizer for dummy models
-    run(["decode-bench", *common, "--batch", "1,2", "--gen", "3", "--warmup", "1", "--repeats", "2"])
+    run(["decode-bench", *common, "--batch", "1,2", "--gen-tokens", "3", "--warmup", "1", "--repeats", "2"])
     bench = read(out / "bench.csv")
     assert list(bench[0]) == BENCH_COLUMNS
-    assert len(bench) == 2 * 2 * 2
+    assert len(bench) == 2 * 2 * 2 and {r["gen_tokens"] for r in bench} == {"3"}
     for r in bench:
         assert r["status"] == "ok", r["notes"]
         assert float(r["decode_tok_s"]) > 0 and float(r["kv_bytes"]) > 0

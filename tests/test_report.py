@@ -752,6 +752,29 @@ def test_cut_last_line_and_bad_lines_are_skipped_with_a_warning(tmp_path, capsys
     assert err.startswith("warning: ") and "skipped line 3" in err and len(err.splitlines()) == 1, err
 
 
+def test_foreign_header_and_unparsed_numbers_are_warned(tmp_path, capsys):
+    """A bench.csv whose header is not kvbench's is skipped with a warning naming its header (not rendered as
+    rows of no mode); a value that is not a number in a numeric column is read as missing, and said."""
+    folder = tmp_path / "foreign"
+    folder.mkdir()
+    (folder / "bench.csv").write_text("a,b,c\n1,2,3\n")
+    with pytest.raises(KvbenchError, match="no audit.csv or bench.csv rows"):
+        render_report([folder])
+    err = capsys.readouterr().err.strip()
+    assert "bench.csv: no kv_cache_mode column (header: a, b, c); not a kvbench bench.csv, skipped" in err, err
+    folder = write(
+        tmp_path / "typo",
+        bench=[
+            _bench("fp16", 2048, 1, 236.2, 1.0, 16.1),
+            _bench("int8", 2048, 1, 240.0, 1.02, 15.0, decode_tok_s="24O.0"),
+        ],
+    )
+    render_report([folder])
+    err = capsys.readouterr().err.strip()
+    assert "bench.csv: 1 value of decode_tok_s is not a number (first '24O.0', data row 2); read as missing" in err
+    assert len(err.splitlines()) == 1, err
+
+
 def test_report_out_blocked_by_a_file_is_one_error(tmp_path):
     folder = write(tmp_path / "r", audit=[_greedy("fp16", 2048, verdict="reference")])
     (tmp_path / "afile").write_text("not a folder")
@@ -1092,6 +1115,11 @@ def test_noisy_timing_is_flagged_and_the_pick_says_so(tmp_path):
     # Steady timings: no flag anywhere.
     full = render_report([write(tmp_path / "steady", bench=bench_rows())]).read_text()
     assert "noisy" not in full and "†" not in full
+    # Every cell a single repeat: said once above the table, not as a † and a note on every row.
+    single = [{**r, "repeats": 1} for r in bench_rows()]
+    table = _section(render_report([write(tmp_path / "single", bench=single)]).read_text(), "## Benchmark")
+    assert table.count("Every cell ran a single repeat") == 1
+    assert "†" not in table and "noisy timing" not in table
 
 
 def test_estimated_capacity_is_labelled_as_an_estimate(tmp_path):

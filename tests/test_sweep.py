@@ -117,6 +117,30 @@ def test_resume_after_a_cut_last_line(tmp_path):
     assert cells(part / "bench.csv").keys() == got.keys()
 
 
+def test_resume_trims_jsonl_rows_past_the_csv(tmp_path):
+    """A run stopped between a row's JSON and CSV writes leaves the JSONL a row ahead: --resume measures that
+    cell again and trims the JSONL first, so it holds every cell once, in step with the CSV."""
+    import json
+
+    full, part = tmp_path / "full", tmp_path / "part"
+    run(["decode-bench", *BENCH, "--out", str(full)])
+    part.mkdir()
+    csv_lines = (full / "bench.csv").read_text().splitlines(keepends=True)
+    json_lines = (full / "bench.jsonl").read_text().splitlines(keepends=True)
+    (part / "bench.csv").write_text("".join(csv_lines[:4]))  # the header and 3 rows
+    (part / "bench.jsonl").write_text("".join(json_lines[:5]))  # 5 rows: 2 past the CSV
+    result = run(["decode-bench", *BENCH, "--out", str(part), "--resume"])
+    assert "bench.jsonl: 2 rows past bench.csv's last row; dropped" in result.output
+    rows = [json.loads(x) for x in (part / "bench.jsonl").read_text().splitlines()]
+    got = cells(part / "bench.csv")
+    assert [r["cell"] for r in rows] == [r["cell"] for r in read(part / "bench.csv")]
+    assert got.keys() == cells(full / "bench.csv").keys() and len(rows) == len(got)
+    # A JSONL behind its CSV is only reported.
+    (part / "bench.jsonl").write_text("".join(json_lines[:2]))
+    result = run(["decode-bench", *BENCH, "--out", str(part), "--resume"])
+    assert f"bench.jsonl: {len(got) - 2} rows behind bench.csv (left as it is" in result.output
+
+
 def test_oom_in_one_cell_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
     from kvbench.bench import BenchJob
 
