@@ -2,11 +2,13 @@
 # The H200 runs behind results/<date>-h200* (see README). The default model travels
 # to the GPU machine in two halves (../shared/gpu/stage-model.sh), so the work comes
 # in phases; each is one `run` call. Steps:
-#   bench   (needs .gpu/m0):  decode-bench on dummy:llama-3.1-8b + capacity search
+#   bench   (needs nothing):  decode-bench on dummy:llama-3.1-8b + capacity search (~195 s)
 #   audit   (needs the model): audit of the default model at 2K/8K/32K, all checks
 #   raw4    (needs the model): audit of raw turbo4 (--no-fallback)
-#   ktests  (needs .gpu/whl):  every GPU test file on compiled kernels (bf16, full sizes): ~14 min on an
-#                              H200 (the 2026-12-04 calls), more than one device call: split it with -k
+#   ktests  (needs .gpu/whl):  every GPU test file on compiled kernels (bf16, full sizes): ~14 min on one
+#                              process; with pytest-xdist carried in .gpu/site (cp -r .venv/lib/python*/
+#                              site-packages/{xdist,execnet}* .gpu/site/) it runs on 8 workers: test_kernels.py
+#                              alone took 131 s that way on 2026-12-04 (results/2026-12-04g-h200)
 #   peers   (needs the model, .gpu/whl): transformers' caches beside kvbench's modes
 #   peers8b (needs .gpu/whl):  the same on dummy:llama-3.1-8b (speed)
 #   shard1 / shard2: a small sweep on one GPU / sharded over two (`--devices 0,1`)
@@ -168,7 +170,11 @@ step() {
     timeout ${RAW4_TIMEOUT:-120} python3 -m kvbench audit --model $G --modes turbo4 --no-fallback \
       --contexts 2k,8k,32k --out $OUT/audit-raw-turbo4 --quiet ;;
   ktests)
-    KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider \
+    # pytest-xdist carried in .gpu/site (copied from the local .venv; the GPU machine has none): 8 workers
+    # compile the kernels in parallel, and the whole selection runs in ~4 minutes instead of not fitting one call
+    local par=()
+    [[ -d .gpu/site/xdist ]] && export PYTHONPATH=$PWD/.gpu/site:$PYTHONPATH && par=(-n ${TEST_WORKERS:-8})
+    KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider "${par[@]}" \
       tests/test_kernels.py tests/test_fast_decode.py tests/test_pdl.py tests/test_prefetch.py tests/test_fused_ops.py \
       tests/test_gemv.py > $OUT/gpu-kernel-tests.txt 2>&1
     tail -5 $OUT/gpu-kernel-tests.txt ;;
@@ -253,7 +259,7 @@ BN)
 step) shift
   [[ $1 == audit || $1 == raw4 || $1 == peers* ]] && [[ ! -f $G ]] && join_model
   [[ $1 == ktests || $1 == peers* || $1 == audit || $1 == raw4 ]] && wheels
-  [[ $1 == bench ]] && cp .gpu/m0/* $M/
+  [[ $1 == bench && -d .gpu/m0 ]] && cp .gpu/m0/* $M/  # an old layout of the model's parts; unused by the sweep
   step "$1" ;;
 A)
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv
