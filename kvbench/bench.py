@@ -250,7 +250,7 @@ class BenchJob:
             "kernel": s.kernel,
         }
         how = "allocated and decoded" if s.device.type == "cuda" else "estimated from buffer sizes, not allocated"
-        note = f"capacity search at {ctx} tokens: largest batch that fits in {budget / GB:.1f} GB ({how})"
+        note = f"capacity search at {ctx} tokens: largest batch that fits in {budget / GB:.1f} GB beside the weights ({how})"
         notes = join_notes(rope_note, res.note, note)
         rows = []
         if best:

@@ -45,6 +45,7 @@ AUDIT_NUMERIC = [
     "context_tokens",
     "gen_tokens",
     "first_divergence",
+    "token_match",
     "top1_agreement",
     "kl_div",
     "kl_ref_fp32",
@@ -761,6 +762,7 @@ class Quality:
     kl: float = float("nan")
     context: float = float("nan")
     first_divergence: float = float("nan")
+    match: float = float("nan")  # share of the greedy tokens equal to fp16's, position by position
 
 
 def _norm_verdict(v: str) -> str:
@@ -774,7 +776,12 @@ def assess(row: dict) -> Quality:
     at = f" at token {int(fd)}" if _isnum(fd) else ""
     mode = _s(row.get("kv_cache_mode"))
     reason = _s(row.get("degenerate_reason"))
-    extra = {"top1": row.get("top1_agreement"), "kl": row.get("kl_div"), "context": row.get("context_tokens")}
+    extra = {
+        "top1": row.get("top1_agreement"),
+        "kl": row.get("kl_div"),
+        "context": row.get("context_tokens"),
+        "match": row.get("token_match"),
+    }
     extra = {k: (float(v) if _isnum(v) else float("nan")) for k, v in extra.items()}
     extra["first_divergence"] = float(fd) if _isnum(fd) else float("nan")
     if status in FAIL_STATUSES:
@@ -1057,15 +1064,23 @@ def section_header(data: Results, groups: list[Group], out_dir: Path) -> str:
             + (" — synthetic (random) weights" if synthetic else "")
         )
     lines.append(f"- **Model{'s' if len(models) > 1 else ''}**: {'; '.join(models) or 'unknown'}")
-    # the builds that measured the rows (a resumed run that added nothing is only in runs.csv)
-    prov = (rows if len(rows) else data.runs)[["kvbench_version", "git_commit"]]
-    builds = _unique(
-        (f"{v or '?'} (git commit not recorded)" if c.lower() == "unknown" else f"{v or '?'} (git {c})")
-        if c
-        else (v or "?")
-        for v, c in zip(prov["kvbench_version"], prov["git_commit"], strict=True)
-    )
-    lines.append(f"- **kvbench**: {'; '.join(builds) or 'unknown'}")
+
+    # the builds that measured the rows (a resumed run that added nothing is only in runs.csv), per job where
+    # the audit and the benchmark came from different ones
+    def builds_of(df: pd.DataFrame) -> list[str]:
+        return _unique(
+            (f"{v or '?'} (git commit not recorded)" if c.lower() == "unknown" else f"{v or '?'} (git {_short_sha(c)})")
+            if c
+            else (v or "?")
+            for v, c in zip(df["kvbench_version"], df["git_commit"], strict=True)
+        )
+
+    per_job = [(name, builds_of(df)) for name, df in (("audit", data.audit), ("benchmark", data.bench)) if len(df)]
+    if len(per_job) == 2 and per_job[0][1] != per_job[1][1]:
+        text = "; ".join(f"{name} {', '.join(b)}" for name, b in per_job)
+    else:
+        text = "; ".join(builds_of(rows if len(rows) else data.runs))
+    lines.append(f"- **kvbench**: {text or 'unknown'}")
     soft = []
     for col, name in (
         ("torch_version", "torch"),
@@ -1092,8 +1107,21 @@ def section_header(data: Results, groups: list[Group], out_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def _short_sha(commit: str) -> str:
+    """A commit as git's short form (7 hex digits), a "-dirty" suffix kept; anything else as it is."""
+    m = re.fullmatch(r"([0-9a-f]{7,40})(-dirty)?", commit.strip().lower())
+    return m.group(1)[:7] + (m.group(2) or "") if m else commit
+
+
 def section_summary(groups: list[Group]) -> str:
     out = ["## Summary", ""]
+    if len({g.model for g in groups}) > 1:
+        out += [
+            f"These results come from {len(groups)} setups (device · model), each summarised on its own: an audit "
+            "speaks for the model it ran on, a benchmark for its own model, and one setup's verdicts say nothing "
+            "about another's speed.",
+            "",
+        ]
     for g in groups:
         sentences = _summary_sentences(g)
         prefix = f"**{g.label}**: " if g.multi else ""
@@ -1265,7 +1293,18 @@ def _summary_sentences(g: Group) -> list[str]:
                     vs = "same as fp16" if kb == fp_bytes else f"{kb / fp_bytes:.2f}x more"
                 saving.append(f"{m} {fmt_bytes(kb)} ({vs})")
         if saving:
-            sent += f". KV bytes per token: fp16 {fmt_bytes(fp_bytes)}, {', '.join(saving)}"
+            sent += f". KV bytes per token at {ctx_label(ctx)}: fp16 {fmt_bytes(fp_bytes)}, {', '.join(saving)}"
+            okall = g.bench_ok()
+            varies = [
+                m
+                for m in g.modes
+                if len({x for x in okall[okall["kv_cache_mode"] == m]["kv_bytes_per_token"] if _isnum(x)}) > 1
+            ]
+            if varies:  # e.g. delegated: a fixed-size fp16 hot window spread over fewer tokens
+                sent += (
+                    f"; {join_list(varies)} store{'s' if len(varies) == 1 else ''} more per token at shorter "
+                    "contexts (a part of fixed size, such as a hot window)"
+                )
         s.append(sent + ".")
     elif len(g.bench_all) == 0:
         s.append("No benchmark rows: decode speed and memory were not measured.")
@@ -1349,8 +1388,6 @@ def _status_matrix(g: Group) -> str:
         decode_text = ", ".join(decode) if decode else "not benchmarked"
         if decode and m == "fp16":
             decode_text = "baseline: " + decode_text
-        if decode and g.ref_batch is not None and g.ref_batch != 1:
-            decode_text += f" (batch {fmt_int(g.ref_batch)})"
         # Peak memory at the largest context this mode completed
         peak = "—"
         okb = g.bench_ok(g.ref_batch)
@@ -1376,8 +1413,12 @@ def _status_matrix(g: Group) -> str:
         if any(r.get("synthetic") is True for r in recs) and not any("synthetic" in n.lower() for n in notes):
             notes.append("synthetic model")
         rows.append([f"`{m}`", f"`{cli_flag(m)}`", runs, quality, decode_text, peak, notes_cell(notes)])
+    # The speed and memory columns are the reference batch's: named in the header where it is not the only one
+    # (the benchmark table has every batch).
+    batches = {x for x in g.bench["batch"] if _isnum(x)} if len(g.bench) else set()
+    at = f", batch {fmt_int(g.ref_batch)}" if g.ref_batch is not None and (len(batches) > 1 or g.ref_batch != 1) else ""
     table = md_table(
-        ["Mode", "CLI flag", "Runs", "Output quality vs fp16", "Decode vs fp16", "Peak memory", "Notes"], rows
+        ["Mode", "CLI flag", "Runs", "Output quality vs fp16", f"Decode vs fp16{at}", f"Peak memory{at}", "Notes"], rows
     )
     return table
 
@@ -1518,12 +1559,22 @@ def section_quality_matrix(groups: list[Group]) -> str:
                 if q is None:
                     cells.append("")
                     continue
-                metrics = [fmt_pct(q.top1)] if _isnum(q.top1) else []
+                metrics = []
+                if _isnum(q.match) and q.kind not in ("reference", "identical"):
+                    metrics.append(f"tokens {fmt_pct(q.match)}")
+                if _isnum(q.top1):
+                    metrics.append(f"top-1 {fmt_pct(q.top1)}")
                 if _isnum(q.kl):
                     metrics.append(f"KL {fmt_kl(q.kl)}")
                 cells.append(" · ".join([q.short, *metrics]))
             rows.append([f"`{m}`", *cells])
-        out.append("Cell: verdict · top-1 agreement · KL divergence vs fp16 (greedy check).")
+        gen = _unique(fmt_int(x) for x in g.greedy["gen_tokens"] if _isnum(x))
+        n = f"the {'/'.join(gen)} greedy tokens" if gen else "the greedy tokens"
+        out.append(
+            f"Cell: verdict · tokens: share of {n} equal to fp16's, position by position (after a first "
+            "difference the two texts drift apart, so it falls fast; not shown where identical) · top-1 "
+            "agreement, teacher-forced on fp16's tokens · KL divergence vs fp16 (greedy check)."
+        )
         out.append("")
         out.append(md_table(["Mode", *[ctx_label(c) for c in ctxs]], rows))
         out.append("")
@@ -1582,8 +1633,18 @@ def _check_ppl(g: Group, rows: pd.DataFrame) -> str:
         table.append([f"`{m}`", *cells])
     intro = (
         "Perplexity on the bundled text; Δ is the relative change vs fp16 at the same context "
-        "(ppl / ppl_fp16 − 1, as written by the audit), in percent.\n\n"
+        "(ppl / ppl_fp16 − 1, as written by the audit), in percent."
     )
+    windows = _unique(m.group(1) for n in rows["notes"] for m in [re.search(r"(\d+) window", _s(n))] if m)
+    if windows == ["1"]:  # kvbench.quality writes "N window(s) of T tokens"
+        intro += (
+            " One text window per context (`--ppl-windows 1`): read a Δ of a few tenths of a percent as "
+            "unresolved rather than as a difference (no spread across windows to judge it by); more windows "
+            "narrow it."
+        )
+    elif windows:
+        intro += f" Over {'/'.join(windows)} text windows per context."
+    intro += "\n\n"
     return intro + md_table(["Mode", *[ctx_label(c) for c in ctxs]], table, "l" + "r" * len(ctxs))
 
 
@@ -1772,7 +1833,7 @@ def _check_kernel(rows: pd.DataFrame) -> str:
             "Top-1 agreement (Triton vs reference)",
             "KL (nats)",
             *(["KL from float32 (reference / Triton)"] if yard else []),
-            "Agree",
+            "Agree (by KL)",
             "Argmax flips",
             "Notes",
         ],
@@ -1800,16 +1861,31 @@ def _table_notes_last(headers: list[str], rows: list[list], align: str | None = 
 
 def section_statuses(groups: list[Group]) -> str:
     counts: dict[str, int] = {}  # of the rows the report shows (duplicates dropped)
-    for df in (df for g in groups for df in (g.audit, g.bench_main, g.capacity)):
-        for st in df["status"]:
-            if st:
+    where: dict[str, dict[str, int]] = {}  # status -> the check (or benchmark part) its rows come from -> count
+    fp16_own: dict[str, int] = {}  # failed verdicts on fp16's own rows (a check that fp16 fails too)
+    for g in groups:
+        for kind, df in (("audit", g.audit), ("benchmark", g.bench_main), ("capacity search", g.capacity)):
+            for r in df.to_dict("records"):
+                st = r["status"]
+                if not st:
+                    continue
                 counts[st] = counts.get(st, 0) + 1
+                part = (r.get("check") or "greedy") if kind == "audit" else kind
+                where.setdefault(st, {})[part] = where.setdefault(st, {}).get(part, 0) + 1
+                if st in ("degenerate", "diverged") and r["kv_cache_mode"] == "fp16":
+                    fp16_own[st] = fp16_own.get(st, 0) + 1
     out = ["## What the statuses mean", ""]
     present = [s for s in STATUSES if s in counts] + sorted(s for s in counts if s not in STATUSES)
     for st in present:
         meaning = STATUS_MEANINGS.get(st, "not a standard kvbench status; see the rows' notes.")
         n = counts[st]
-        out.append(f"- `{st}` ({n} row{'s' if n != 1 else ''}): {meaning}")
+        parts = where.get(st, {})
+        src = ""
+        if st in ("degenerate", "diverged", "error") and set(parts) != {"greedy"}:  # which checks failed
+            src = ": " + ", ".join(f"{k} {parts[k]}" for k in sorted(parts, key=lambda k: -parts[k]))
+        if fp16_own.get(st):
+            src += f"; {fp16_own[st]} on fp16 itself, which fails that check too"
+        out.append(f"- `{st}` ({n} row{'s' if n != 1 else ''}{src}): {meaning}")
     if not present:
         out.append("- No row carries a status.")
     absent = [s for s in STATUSES if s not in counts]
@@ -1995,6 +2071,15 @@ def _bench_method_line(g: Group) -> str:
         if wb:
             s += f"; weights {'/'.join(fmt_weight_bytes(x) for x in wb)}"
         bits.append(s + ".")
+        over = b[b["roofline_frac"] > 1.0]
+        if len(over):
+            # kvbench.bench measures the bandwidth with a device-to-device copy (a read and a write per byte)
+            bits.append(
+                f"{plural(len(over), 'row')} read{'s' if len(over) == 1 else ''} above 100% (up to "
+                f"{fmt_pct(over['roofline_frac'].max())}): the bandwidth is a copy's, which writes every byte it "
+                "reads, and a decode step that mostly reads can stream faster than that; the fraction compares "
+                "modes within a run, it is not a physical bound."
+            )
     return " ".join(bits)
 
 
@@ -2030,6 +2115,13 @@ def _capacity_table(g: Group) -> str:
     intro = []
     if not c["_est"].all():
         intro.append("Largest batch that ran (status ok) in the capacity search.")
+    budgets = _unique(m.group(1) for n in c["notes"] for m in [re.search(r"fits in ([\d.]+ GB)", _s(n))] if m)
+    if budgets:
+        intro.append(
+            f"The search's budget was {' / '.join(budgets)}: the memory free once the weights were loaded (or `--memory-budget-gb`, if "
+            "smaller). "
+            "Peak GB counts everything the process held, weights included, so it reads above the budget."
+        )
     if c["_est"].any():
         intro.append(
             "Rows marked estimated come from a search off the GPU, which allocates nothing (a CPU allocation does "
@@ -2431,6 +2523,8 @@ def _line_plot(g: Group, value: str, ylabel: str, title: str, path: Path, errors
     failed = g.bench[g.bench["status"].isin(FAIL_STATUSES) & g.bench["context_tokens"].notna()]
     failed = failed[failed["batch"].isin(batches)] if _isnum(batches[0]) else failed
     ctxs = sorted(set(b["context_tokens"]) | set(failed["context_tokens"]))
+    if len(ctxs) == 1:  # one context: a bar per mode says more than a column of dots "vs context"
+        return _bar_plot(g, b, failed, batches, value, ylabel, title.replace(" vs context", ""), path, errors)
     handles = {}
     for k, batch in enumerate(batches):
         ax = fig.add_subplot(nrows, ncols, k + 1)
@@ -2492,8 +2586,60 @@ def _line_plot(g: Group, value: str, ylabel: str, title: str, path: Path, errors
         ax.set_ylabel(ylabel)
         ax.set_title(f"batch {int(batch)}" if _isnum(batch) else "all batches")
         ax.set_ylim(bottom=0)
-    fig.suptitle(f"{title} — {g.label}", fontsize=11)
-    _legend_right(fig, list(handles.values()), list(handles.keys()), "KV mode", top=0.95)
+    top = _suptitle(fig, f"{title} — {g.label}")
+    _legend_right(fig, list(handles.values()), list(handles.keys()), "KV mode", top=top)
+    _save(fig, path)
+    return True
+
+
+def _suptitle(fig, text: str) -> float:
+    """The figure's title, broken at its " — " where one line would not fit the width; returns the top of the
+    area left for the axes."""
+    fits = fig.get_figwidth() * fig.dpi / 9.5  # characters of an 11-point title across the figure (about)
+    if len(text) > fits and " — " in text:
+        fig.suptitle(text.replace(" — ", "\n", 1), fontsize=11)
+        return 0.90
+    fig.suptitle(text, fontsize=11)
+    return 0.95
+
+
+def _bar_plot(g: Group, b, failed, batches, value: str, ylabel: str, title: str, path: Path, errors: bool) -> bool:
+    """`_line_plot` at a single context: one bar per mode (and kernel) per batch, min–max whiskers, an x for a
+    cell that did not run."""
+    ctx = ctx_label((list(b["context_tokens"]) or list(failed["context_tokens"]))[0])
+    colors = _mode_colors(g.modes)
+    ncols = min(len(batches), 3)
+    nrows = math.ceil(len(batches) / ncols)
+    labels_all = order_modes(set(b["kv_cache_mode"]) | set(failed["kv_cache_mode"]))
+    fig = _figure(max(5.0, 0.75 * len(labels_all) + 2.2) * ncols, 4.2 * nrows + 0.6)
+    for k, batch in enumerate(batches):
+        ax = fig.add_subplot(nrows, ncols, k + 1)
+        sub = b[b["batch"] == batch] if _isnum(batch) else b
+        fails = failed[failed["batch"] == batch] if _isnum(batch) else failed
+        for i, m in enumerate(labels_all):
+            s = sub[sub["kv_cache_mode"] == m].drop_duplicates("kernel", keep="last")
+            if s.empty:
+                if m in set(fails["kv_cache_mode"]):
+                    st = fails[fails["kv_cache_mode"] == m]["status"].iloc[-1]
+                    ax.plot(i, 0, marker="x", markersize=9, mew=2, color=colors.get(m, "gray"), clip_on=False)
+                    ax.annotate(st, (i, 0), xytext=(0, 8), textcoords="offset points", ha="center", fontsize=7)
+                continue
+            r = s.iloc[-1]
+            y = r[value]
+            yerr = None
+            if errors and _isnum(r["decode_tok_s_min"]) and _isnum(r["decode_tok_s_max"]):
+                yerr = [[max(0.0, y - r["decode_tok_s_min"])], [max(0.0, r["decode_tok_s_max"] - y)]]
+            ax.bar(i, y, 0.7, color=colors[m], yerr=yerr, capsize=3)
+            above = y + (yerr[1][0] if yerr else 0.0)  # the label over the whisker, not across it
+            ax.annotate(f"{y:.3g}", (i, above), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
+        ax.set_xticks(range(len(labels_all)))
+        ax.set_xticklabels(labels_all, rotation=30, ha="right")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"batch {int(batch)}" if _isnum(batch) else "all batches")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, axis="y", alpha=0.3)
+    top = _suptitle(fig, f"{title} at {ctx} — {g.label}")
+    fig.tight_layout(rect=(0, 0, 1, top))
     _save(fig, path)
     return True
 
@@ -2756,7 +2902,8 @@ def _recommend(g: Group) -> list[str]:
         if _isnum(fp_bytes) and kb > 0:
             text += f" vs {fmt_bytes(fp_bytes)} for fp16 ({fp_bytes / kb:.2f}x less)"
         at = bok[(bok["kv_cache_mode"] == m) & (bok["context_tokens"] == ctx_max) & (bok["batch"] == g.ref_batch)]
-        if len(at) and _isnum(at["peak_mem_gb"].iloc[-1]):
+        # (not a process' peak RSS: Python and the weights swamp the KV there, so it cannot tell modes apart)
+        if len(at) and _isnum(at["peak_mem_gb"].iloc[-1]) and at["peak_mem_kind"].iloc[-1] != "cpu_peak_rss":
             r = at.iloc[-1]
             text += f"; peak at {ctx_label(ctx_max)}, batch {fmt_int(g.ref_batch)}: {fmt_gb(r['peak_mem_gb'])} GB"
             if _isnum(r["_fp16_peak"]):
@@ -2825,10 +2972,14 @@ def _recommend(g: Group) -> list[str]:
                 text += f"; use `{sm}` when KV memory is the limit"
             text += "."
         else:
-            text = (
-                f"Pick: `{m}` at {ctx_label(ctx)} (batch {fmt_int(g.ref_batch)}): {fmt_ratio(best['_ratio'])} fp16 decode"
-                + (" with fp16-quality output." if audited else " (quality not audited).")
-            )
+            text = f"Pick: `{m}` at {ctx_label(ctx)} (batch {fmt_int(g.ref_batch)}): {fmt_ratio(best['_ratio'])} fp16 decode"
+            other = bok[(bok["kv_cache_mode"] == m) & (bok["context_tokens"] == ctx) & (bok["batch"] != g.ref_batch)]
+            other = [r for r in other.sort_values("batch").to_dict("records") if _isnum(r["_ratio"])]
+            if other:
+                text += (
+                    " (" + ", ".join(f"{fmt_ratio(r['_ratio'])} at batch {fmt_int(r['batch'])}" for r in other) + ")"
+                )
+            text += " with fp16-quality output." if audited else "; quality not audited."
         if noisy:
             text += (
                 f" The timing it rests on is noisy ({'; '.join(noisy)}): treat the speed comparison as rough "

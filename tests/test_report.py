@@ -86,6 +86,7 @@ def audit_rows():
             status="diverged",
             verdict="diverged",
             first_divergence=17,
+            token_match=0.3125,
             top1_agreement=0.94,
             kl_div=0.0456,
         ),
@@ -264,7 +265,7 @@ def test_report_sections_and_header(full):
         assert heading in text, heading
     assert "NVIDIA H200 (driver 570.86)" in text
     assert "`HuggingFaceTB/SmolLM2-135M` (weights hash `abc123def456`)" in text
-    assert "0.1.0 (git deadbeef1234)" in text
+    assert "0.1.0 (git deadbee)" in text  # short form, as git prints it
     assert "torch 2.9.0 · triton 3.5.0 · transformers 4.57.1" in text
     assert "kvbench decode-bench --modes fp16,int8,turbo4-asym --contexts 2048,32768 --batch 1,16" in text
     assert "# 2025-11-30 · job 4711 · NVIDIA H200 · 312.4 s" in text
@@ -298,7 +299,9 @@ def test_quality_and_checks(full):
     _, _, text = full
     quality = text.split("## Quality per context", 1)[1].split("\n## ", 1)[0]
     assert "| Mode | 2K | 8K |" in quality
-    assert "diverged@17 · 94.0% · KL 0.0456" in quality
+    assert "diverged@17 · tokens 31.3% · top-1 94.0% · KL 0.0456" in quality
+    assert "identical · top-1 100.0% · KL 0 |" in quality  # no token share where the tokens are identical
+    assert "share of the 64 greedy tokens equal to fp16's" in quality
     assert "12.350 (Δ +0.44%)" in text and "12.900 (Δ +55.4%)" in text
     assert "Δ is the relative change vs fp16" in text and "difference to fp16" not in text
     assert "| `turbo4-asym` | 75% | 2/2 | 1/2 |" in text
@@ -633,9 +636,82 @@ def _section(text: str, heading: str) -> str:
 
 
 def test_roofline_above_one(tmp_path):
-    bench = _section(_h200_like(tmp_path), "## Benchmark")
+    text = _h200_like(tmp_path)
+    bench = _section(text, "## Benchmark")
     assert "| 102.9% |" in bench
     assert "| 1.0% |" not in bench
+    # said once: the copy's bandwidth is not a bound for a step that mostly reads
+    assert "4 rows read above 100% (up to 102.9%): the bandwidth is a copy's" in bench
+    # one text window per context: a small Δ is unresolved
+    assert "One text window per context (`--ppl-windows 1`)" in text
+
+
+def test_batches_named_in_the_matrix_pick_and_capacity(full, tmp_path):
+    """The status matrix's speed and memory columns say which batch they are; the pick gives the other batches'
+    ratio of the picked mode; the capacity section states its budget; the KV bytes are said to be the longest
+    context's; a process' peak RSS is not offered as a memory saving."""
+    _folder, _path, text = full
+    assert "| Decode vs fp16, batch 1 | Peak memory, batch 1 |" in text
+    two = [
+        _bench("fp16", 32768, 1, 200.0, 1.0, 20.0),
+        _bench("int8", 32768, 1, 216.0, 1.08, 18.0),
+        _bench("fp16", 32768, 16, 800.0, 1.0, 85.0),
+        _bench("int8", 32768, 16, 1208.0, 1.51, 51.0),
+    ]
+    rec = _section(render_report([write(tmp_path / "two", bench=two)]).read_text(), "## Recommendation")
+    pick = [ln for ln in rec.splitlines() if "Pick:" in ln]
+    assert pick and "Pick: `int8` at 32K (batch 1): 1.08x fp16 decode (1.51x at batch 16); quality" in pick[0], pick
+    cap = [
+        _bench("fp16", 2048, 1, 200.0, 1.0, 10.0),
+        _bench("int8", 2048, 1, 220.0, 1.1, 9.0),
+        _bench(
+            "fp16",
+            32768,
+            30,
+            None,
+            None,
+            145.0,
+            notes="capacity search at 32768 tokens: largest batch that fits in 133.2 GB beside the weights (allocated and decoded)",
+        ),
+    ]
+    capacity = _section(render_report([write(tmp_path / "cap", bench=cap)]).read_text(), "## Capacity")
+    assert "The search's budget was 133.2 GB: the memory free once the weights were loaded" in capacity
+    summary = _section(text, "## Summary")
+    assert "KV bytes per token at 32K:" in summary
+    cpu = {"peak_mem_kind": "cpu_peak_rss", "device": "CPU"}
+    rows = [_bench("fp16", 2048, 1, 20.0, 1.0, 0.97, **cpu), _bench("int8", 2048, 1, 21.0, 1.05, 0.971, **cpu)]
+    audit = [_greedy("fp16", 2048, verdict="reference", device="CPU"), _greedy("int8", 2048, device="CPU")]
+    rec = _section(render_report([write(tmp_path / "cpu", audit=audit, bench=rows)]).read_text(), "## Recommendation")
+    saving = [ln for ln in rec.splitlines() if "Best memory saving" in ln]
+    assert saving and "peak" not in saving[0], saving
+
+
+def test_one_context_plots_bars_and_a_long_title_wraps(tmp_path):
+    """A run at a single context draws a bar per mode (not a column of dots 'vs context'); a title wider than
+    the figure goes on two lines."""
+    from matplotlib.figure import Figure
+
+    shown = {}
+    real = report._save
+
+    def save(fig: Figure, path):
+        shown[path.name] = (fig._suptitle.get_text(), [len(ax.patches) for ax in fig.axes])
+        real(fig, path)
+
+    rows = [
+        _bench(m, 2048, 1, tok, tok / 200.0, 10.0)
+        for m, tok in (("fp16", 200.0), ("int8", 210.0), ("turbo4-asym", 190.0))
+    ]
+    rows = [
+        {**r, "model": "a-model-with-a-rather-long-name-to-fill-the-title (Q4_1 GGUF, some package 0.1.2)"}
+        for r in rows
+    ]
+    import unittest.mock
+
+    with unittest.mock.patch.object(report, "_save", save):
+        render_report([write(tmp_path, bench=rows)])
+    title, bars = shown["report_decode_tok_s.png"]
+    assert title.startswith("Decode speed at 2K\n") and bars == [3], (title, bars)
 
 
 def test_no_fallback_rows_are_not_fallbacks(tmp_path):
@@ -954,8 +1030,8 @@ def test_header_names_the_builds_that_measured_the_rows(tmp_path):
     later = {**runs_rows()[0], "git_commit": "cafe00000000", "command": "kvbench audit --resume"}
     text = render_report([write(tmp_path, audit_rows(), None, [*runs_rows(), later])]).read_text()
     header = text.split("## ", 1)[0]
-    assert f"(git {PROV['git_commit']})" in header
-    assert "cafe00000000" not in header
+    assert f"(git {PROV['git_commit'][:7]})" in header
+    assert "cafe000" not in header
     assert "kvbench audit --resume" in text  # still listed among the commands
 
 
