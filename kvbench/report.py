@@ -2059,6 +2059,11 @@ def _bench_method_line(g: Group) -> str:
     if warm:
         desc += f" after {plural('/'.join(map(str, warm)), 'warm-up token')}"
     bits.append(desc + "; ratios are against fp16 at the same context and batch.")
+    if (b["kernel"] == "triton").any():
+        bits.append(
+            "fp16 here is kvbench's own Triton attention (a weaker fp16 would flatter every ratio): "
+            "`scripts/bench_kernels.py` times it against torch SDPA on the same shapes, on a GPU."
+        )
     kinds = _unique(b["peak_mem_kind"])
     if kinds:
         bits.append(f"Peak memory is {_peak_kind_text(kinds)}.")
@@ -2659,6 +2664,7 @@ def _quality_plot(g: Group, path: Path) -> bool:
     ax1, ax2 = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2)
     kl_pos = [q.kl for q in items.values() if _isnum(q.kl) and q.kl > 0]
     log_kl = bool(kl_pos) and max(kl_pos) / min(kl_pos) > 100
+    legend_extra: dict = {}
     for j, c in enumerate(ctxs):
         xs, top, kl = [], [], []
         for i, m in enumerate(modes):
@@ -2666,8 +2672,19 @@ def _quality_plot(g: Group, path: Path) -> bool:
             xs.append(i + (j - (len(ctxs) - 1) / 2) * width)
             top.append(q.top1 * 100 if q and _isnum(q.top1) else np.nan)
             kl.append(q.kl if q and _isnum(q.kl) else np.nan)
-        ax1.bar(xs, top, width, color=ctx_colors[c], label=ctx_label(c))
-        ax2.bar(xs, [np.nan if (log_kl and v <= 0) else v for v in kl], width, color=ctx_colors[c], label=ctx_label(c))
+        # a diverged or degenerate cell's bars hatched: a high top-1 beside a failed verdict is still a failure
+        hatch = ["//" if (q := items.get((m, c))) and q.kind in BAD_KINDS else "" for m in modes]
+        kl_bars = [np.nan if (log_kl and v <= 0) else v for v in kl]
+        for ax, vals in ((ax1, top), (ax2, kl_bars)):
+            bars = ax.bar(xs, vals, width, color=ctx_colors[c], label=ctx_label(c), edgecolor="white")
+            for patch, h in zip(bars, hatch, strict=True):  # per patch: any matplotlib takes it so
+                patch.set_hatch(h)
+        if any(hatch) and "bad" not in legend_extra:
+            from matplotlib.patches import Patch
+
+            legend_extra["bad"] = Patch(
+                facecolor="lightgray", edgecolor="white", hatch="//", label="diverged or degenerate"
+            )
         for x, v in zip(xs, top, strict=True):
             if _isnum(v):
                 label = f"{v:.0f}" if v >= 99.95 else f"{v:.1f}"
@@ -2706,6 +2723,8 @@ def _quality_plot(g: Group, path: Path) -> bool:
     ax2.set_title("KL divergence from fp16 (lower is better)")
     fig.suptitle(f"Output quality vs fp16 — {g.label}", fontsize=11)
     handles, labels = ax1.get_legend_handles_labels()
+    handles += list(legend_extra.values())
+    labels += [h.get_label() for h in legend_extra.values()]
     _legend_right(fig, handles, labels, "context", top=0.96)
     _save(fig, path)
     return True

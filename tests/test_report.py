@@ -1293,3 +1293,35 @@ def test_a_degenerate_reference_is_not_a_mode_to_avoid(tmp_path):
     summary = _section(text, "## Summary")
     assert "int8 was identical at every audited context" in summary
     assert "The fp16 output itself is degenerate at 256" in summary
+
+
+def test_quality_plot_hatches_failed_cells_and_the_method_names_the_sdpa_check(tmp_path):
+    """A degenerate cell's bars are hatched (its top-1 alone would read as good); a benchmark on the Triton path
+    says where its fp16 is timed against torch SDPA."""
+    import unittest.mock
+
+    hatched = {}
+    real = report._save
+
+    def save(fig, path):
+        hatched[path.name] = sorted({p.get_hatch() or "" for ax in fig.axes for p in ax.patches})
+        real(fig, path)
+
+    audit = [
+        _greedy("fp16", 2048, verdict="reference", top1_agreement=1.0, kl_div=0.0),
+        _greedy("int8", 2048, top1_agreement=0.95, kl_div=0.002),
+        _greedy(
+            "turbo3-asym",
+            2048,
+            status="degenerate",
+            verdict="degenerate",
+            degenerate=True,
+            top1_agreement=0.92,
+            kl_div=0.03,
+        ),
+    ]
+    bench = [_bench("fp16", 2048, 1, 200.0, 1.0, 10.0), _bench("int8", 2048, 1, 210.0, 1.05, 9.0)]
+    with unittest.mock.patch.object(report, "_save", save):
+        text = render_report([write(tmp_path, audit=audit, bench=bench)]).read_text()
+    assert hatched["report_quality.png"] == ["", "//"], hatched
+    assert "`scripts/bench_kernels.py` times it against torch SDPA" in _section(text, "## Benchmark")
