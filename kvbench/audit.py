@@ -144,7 +144,17 @@ class AuditJob:
         return tok.decode(tokens, skip_special_tokens=True)
 
     # --------------------------------------------------------------------- run
+    def preflight(self) -> None:
+        """Build every context's prompts before any cell runs: a prompt file or a needle prompt that cannot fill
+        one context is a one-line error now, not after the shorter contexts' work."""
+        for ctx in self.s.contexts:
+            if self.sweep.wants(ctx):
+                self.prompt(ctx)
+                if self.cfg.niah and self.s.lm.tokenizer is not None:
+                    self.niah_prompt(ctx, 0.5, 0)
+
     def run(self) -> list[dict]:
+        self.preflight()  # (again in a sharded worker, which starts here)
         for ctx in self.s.contexts:
             if not self.sweep.wants(ctx):
                 continue
@@ -161,7 +171,16 @@ class AuditJob:
                 continue
             for max_kv in self.cfg.kv_caps:
                 for keep in dict.fromkeys((self.cfg.keep, 0)):
-                    self._greedy_sweep(ctx, ids, decode_note, "max_kv", cap=KVCap(max_kv, keep))
+                    cap = KVCap(max_kv, keep)
+                    if max_kv >= ctx + self.cfg.gen_tokens:  # the cache never fills: a row would test nothing
+                        why = (
+                            f"--kv-cap-check {max_kv} >= context + generated tokens ({ctx + self.cfg.gen_tokens}): "
+                            "the cache never fills, so nothing is trimmed; give a size below the context"
+                        )
+                        for mode in self.s.modes:
+                            self._skip(mode, ctx, "max_kv", why, cap)
+                        continue
+                    self._greedy_sweep(ctx, ids, decode_note, "max_kv", cap=cap)
             if self.cfg.compare_kernels:
                 self._compare_kernels(ctx, ids, ref, decode_note)
             if self.cfg.prefix_reuse:
@@ -521,7 +540,8 @@ class AuditJob:
         pre, post = prompts._chat_parts(tok, NEEDLE_QUESTION)
         room = ctx - len(pre) - len(post) - len(needle)
         if room < 16:
-            raise KvbenchError(f"context {ctx} is too short for a needle-in-a-haystack prompt")
+            need = ctx - room + 16
+            raise KvbenchError(f"--niah: context {ctx} is too short for a needle-in-a-haystack prompt (needs {need}+)")
         hay = prompts.text_ids(tok)[:room]
         at = round(depth * room)
         # move the needle to a sentence boundary near the requested depth
@@ -584,7 +604,12 @@ class AuditJob:
             ppl = math.exp(nll / count)
             out = {"ppl": round(ppl, 4), "gen_tokens": 0, "verdict": None}
             out["_note"] = f"{len(windows)} window(s) of {ctx} tokens, chunk {self.cfg.ppl_chunk}"
-            if cold_read == 0 and any(hasattr(c, "cold_len") for c in caches):
+            if ctx <= self.cfg.ppl_chunk and mode != "fp16" and fp16 and ppl == fp16["ppl"]:
+                out["_note"] += (
+                    "; the window is one chunk, which attended to its own K/V as computed and read no cached "
+                    "(quantized) entry: fp16's perplexity exactly (a --ppl-chunk below the context measures the cache)"
+                )
+            elif cold_read == 0 and any(hasattr(c, "cold_len") for c in caches):
                 out["_note"] += (
                     "; every earlier token was still in the fp16 hot window when a chunk attended to it: no "
                     "quantized V was read (a longer context or a shorter --ppl-chunk reaches the cold body)"

@@ -125,7 +125,7 @@ SparseV = Annotated[
 NoFallback = Annotated[
     bool | None,
     typer.Option(
-        "--no-fallback",
+        "--no-fallback/--fallback",
         help="Run a mode even where its model-family allowlist says no (shows why it is not allowed).",
         show_default=False,
     ),
@@ -160,12 +160,16 @@ Formats = Annotated[
 ]
 NoGraphs = Annotated[
     bool | None,
-    typer.Option("--no-cuda-graphs", help="GPU: decode eagerly instead of replaying a CUDA graph.", show_default=False),
+    typer.Option(
+        "--no-cuda-graphs/--cuda-graphs",
+        help="GPU: decode eagerly instead of replaying a CUDA graph.",
+        show_default=False,
+    ),
 ]
 NoPdl = Annotated[
     bool | None,
     typer.Option(
-        "--no-pdl",
+        "--no-pdl/--pdl",
         help="GPU: launch the decode kernels one after another, not with programmatic dependent launch (sm_90+).",
         show_default=False,
     ),
@@ -173,14 +177,17 @@ NoPdl = Annotated[
 NoGemv = Annotated[
     bool | None,
     typer.Option(
-        "--no-gemv-kernel",
+        "--no-gemv-kernel/--gemv-kernel",
         help="GPU: run the decode step's projections through cuBLAS (torch), not kvbench's GEMV kernel.",
         show_default=False,
     ),
 ]
-Quiet = Annotated[bool | None, typer.Option("--quiet", "-q", help="No progress bars or tables.", show_default=False)]
+Quiet = Annotated[
+    bool | None, typer.Option("--quiet/--no-quiet", "-q", help="No progress bars or tables.", show_default=False)
+]
 Resume = Annotated[
-    bool | None, typer.Option("--resume", help="Skip cells already in the results folder.", show_default=False)
+    bool | None,
+    typer.Option("--resume/--no-resume", help="Skip cells already in the results folder.", show_default=False),
 ]
 Devices = Annotated[
     str | None,
@@ -192,7 +199,7 @@ Devices = Annotated[
 Force = Annotated[
     bool | None,
     typer.Option(
-        "--force",
+        "--force/--no-force",
         help="Write into a folder that already holds results: without --resume, append a second sweep; with "
         "--resume, also accept results from another kvbench version or model hash.",
         show_default=False,
@@ -207,12 +214,10 @@ def _common(**kw) -> dict:
     out["formats"] = config_mod.parse_list(kw.pop("formats", None))
     if out.get("plugin") == []:
         out["plugin"] = None
-    if out.pop("no_cuda_graphs", None):
-        out["cuda_graphs"] = False
-    if out.pop("no_pdl", None):
-        out["pdl"] = False
-    if out.pop("no_gemv_kernel", None):
-        out["gemv_kernel"] = False
+    for flag, field in (("no_cuda_graphs", "cuda_graphs"), ("no_pdl", "pdl"), ("no_gemv_kernel", "gemv_kernel")):
+        v = out.pop(flag, None)  # None: not given (the config file's value or the default stands)
+        if v is not None:
+            out[field] = not v
     return out
 
 
@@ -302,13 +307,17 @@ def _run(job: str, cfg) -> None:
         from kvbench.audit import AuditJob as Job
     else:
         from kvbench.bench import BenchJob as Job
+    runner = Job(session, None, sweep)
+    if hasattr(runner, "preflight"):  # inputs that cannot work: one line before any bar or cell
+        runner.preflight()
     try:
         with Progress(0, cfg.quiet, console) as progress:
-            runner = Job(session, progress, sweep)
+            runner.p = progress
             progress.set_total(runner.n_cells())
             rows = runner.run()
     except KeyboardInterrupt:
         session.record_run(time.time() - t0)
+        _write_md(job, cfg, writer)
         saved = len(sweep.done) + len(sweep.rows)  # a resumed sweep's earlier cells are in the file too
         if saved:
             typer.echo(
@@ -334,11 +343,21 @@ def _check_compare_kernels(cfg, devices: list[str]) -> None:
         raise KvbenchError("--compare-kernels needs a CUDA GPU (it runs the Triton path beside the reference path)")
 
 
-def _finish(job, cfg, rows, writer, console, t0) -> None:
-    if "md" in cfg.formats:
-        from kvbench.results import write_markdown
+def _write_md(job, cfg, writer) -> None:
+    """`--format md`: the table of every row in the CSV (a resumed sweep's earlier rows too), rewritten whole."""
+    if "md" not in cfg.formats or not writer.csv_path.exists():
+        return
+    import csv
 
-        write_markdown(rows, writer.directory / f"{writer.stem}.md", job)
+    from kvbench.results import write_markdown
+
+    with open(writer.csv_path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    write_markdown(rows, writer.directory / f"{writer.stem}.md", job)
+
+
+def _finish(job, cfg, rows, writer, console, t0) -> None:
+    _write_md(job, cfg, writer)
     if not cfg.quiet:
         from kvbench.tables import print_rows
 
@@ -417,7 +436,8 @@ def audit(
     out: Out = None,
     config: ConfigFile = None,
     ppl: Annotated[
-        bool | None, typer.Option("--ppl", help="Also measure perplexity over the bundled text.", show_default=False)
+        bool | None,
+        typer.Option("--ppl/--no-ppl", help="Also measure perplexity over the bundled text.", show_default=False),
     ] = None,
     ppl_windows: Annotated[
         int | None, typer.Option(help="Non-overlapping text windows for --ppl. \\[default: 2]", show_default=False)
@@ -451,7 +471,7 @@ def audit(
     prefix_reuse: Annotated[
         bool | None,
         typer.Option(
-            "--prefix-reuse",
+            "--prefix-reuse/--no-prefix-reuse",
             help="Also check prompt-cache reuse: a donated prefix, adopted, then only the suffix prefilled.",
             show_default=False,
         ),
@@ -459,7 +479,9 @@ def audit(
     niah: Annotated[
         bool | None,
         typer.Option(
-            "--niah", help="Also run needle-in-a-haystack at --niah-depths of each context.", show_default=False
+            "--niah/--no-niah",
+            help="Also run needle-in-a-haystack at --niah-depths of each context.",
+            show_default=False,
         ),
     ] = None,
     niah_depths: Annotated[
@@ -468,7 +490,7 @@ def audit(
     compare_kernels: Annotated[
         bool | None,
         typer.Option(
-            "--compare-kernels",
+            "--compare-kernels/--no-compare-kernels",
             help="GPU: also run every mode through both the Triton and the reference path, teacher-forced, and "
             "check they agree: KL <= 0.05 nats, or the Triton path at most 2x as far as the reference from the "
             "same mode run in float32 (a float32 copy of the model is loaded for it).",
@@ -689,6 +711,8 @@ def plan(
         raise KvbenchError(f"plan: job must be audit or decode-bench, not '{job}'")
     if emit != "jobs":
         raise KvbenchError(f"plan: --emit '{emit}' is not supported (jobs)")
+    if not out.strip():  # the jobs would write to /<cell>
+        raise KvbenchError("plan: --out is empty: name the parent folder of the per-job result folders")
     cfg = config_mod.build_config(job, config, {})
     contexts = cfg.contexts or [2048, 8192, 32768]
     if not cfg.contexts:  # the jobs are meant for GPU nodes (the Slurm script asks for one): their default set

@@ -105,6 +105,9 @@ ALIASES = {
     "no_pdl": ("pdl", True),
     "no_gemv_kernel": ("gemv_kernel", True),
 }
+# One option, two jobs' field names: the audit's `gen_tokens` and decode-bench's `gen` (each command takes both
+# spellings on the command line, and each table of a config file does).
+JOB_SPELLINGS = {"gen": "gen_tokens", "gen_tokens": "gen"}
 # the command-line option of each field, where it is not the field's name with '-' (for error messages)
 OPTIONS = {field: "--" + key.replace("_", "-") for key, (field, _) in ALIASES.items()}
 
@@ -151,6 +154,8 @@ def load_toml(path: str | Path, job: str, origins: dict | None = None) -> dict:
         seen: dict[str, str] = {}  # field -> the key that set it in this table
         for key, value in data.get(table, {}).items():
             field_name, inverted = ALIASES.get(key.replace("-", "_"), (key.replace("-", "_"), False))
+            if field_name not in types and JOB_SPELLINGS.get(field_name) in types:
+                field_name = JOB_SPELLINGS[field_name]
             if field_name not in types:
                 known = sorted([*types, *(a for a, (f, _) in ALIASES.items() if f in types)])
                 raise KvbenchError(f"{p}: unknown key '{key}' in [{table}] (known: {', '.join(known)})")
@@ -196,6 +201,8 @@ def validate(cfg, origins: dict[str, str] | None = None) -> None:
         bad("modes", "needs at least one mode, or 'all' (see kvbench modes)")
     if cfg.model is not None and not cfg.model.strip():  # e.g. --model "$MODEL" with MODEL unset
         bad("model", "is empty: leave it out (or pass 'default') for the embedded SmolLM2-135M-Instruct")
+    if cfg.out is not None and not str(cfg.out).strip():  # --out "$DIR" with DIR unset
+        bad("out", "is empty: leave it out for results/<date>-<device>, or name a folder")
     if cfg.devices and cfg.device != "auto":  # --devices picks the device(s) itself: one would silently lose
         bad("devices", f"give --device ({cfg.device}) or --devices ({cfg.devices}), not both")
     for plugin in cfg.plugin:

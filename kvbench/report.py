@@ -2499,7 +2499,10 @@ def _mode_colors(modes: list[str]) -> dict[str, tuple]:
 
 
 def _save(fig, path: Path) -> None:
-    fig.savefig(path, format="png", metadata={"Software": None})
+    try:
+        fig.savefig(path, format="png", metadata={"Software": None})
+    except OSError as exc:  # a folder that cannot be written: one line, as for report.md itself
+        raise KvbenchError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def _ctx_axis(ax, ctxs: list[float]) -> None:

@@ -127,7 +127,9 @@ def measure_bandwidth(device: torch.device, nbytes: int | None = None) -> float:
 
 # ----------------------------------------------------------------- cell isolation
 def is_oom(exc: BaseException) -> bool:
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    # CUDA's allocator says "out of memory"; the CPU's (DefaultCPUAllocator) "can't allocate memory"
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
 
 
 def one_line(exc: BaseException) -> str:

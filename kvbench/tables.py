@@ -109,11 +109,15 @@ def _bench_table(rows: list[dict], width: int) -> Table:
         t.add_column(c, no_wrap=True, justify="left" if c in ("ctx", "mode", "status") else "right")
     for r in rows:
         ratio = r.get("decode_ratio_vs_fp16")
+        status = r.get("status")
+        eff = r.get("effective_mode")
+        if status == "ok" and eff and eff != r["kv_cache_mode"]:  # measured, but as another mode: said as audit says it
+            status = "fallback"
         cell = {
             "ctx": _ctx(r["context_tokens"]),
             "batch": str(r["batch"]),
             "mode": r["kv_cache_mode"],
-            "status": _style(r.get("status")),
+            "status": _style(status),
             "tok/s": _f(r.get("decode_tok_s"), ".1f"),
             "vs fp16": _f(ratio, ".3f") + ("x" if ratio not in (None, "") else ""),
             "peak GB": _f(r.get("peak_mem_gb"), ".2f"),

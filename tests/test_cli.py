@@ -2,6 +2,7 @@
 
 import csv
 import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -10,6 +11,7 @@ from kvbench.cli import app, main
 from kvbench.results import AUDIT_COLUMNS, BENCH_COLUMNS
 
 runner = CliRunner()
+REPO = Path(__file__).resolve().parents[1]
 
 
 def run(args, expect=0):
@@ -154,13 +156,22 @@ def test_sparse_v_rows_and_report(tmp_path):
             "--compare-kernels needs a CUDA GPU",
         ),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--gen-tokens", "1"], "^error: --gen-tokens: "),
+        (  # a file that is not Python source: Python has no loader for it
+            ["audit", "--model", "dummy:tiny", "--contexts", "64", "--plugin", str(REPO / "pyproject.toml")],
+            "--plugin: .* is not a Python source file",
+        ),
+        (  # every context's prompts are built before any cell: 512's work is not lost to 64's error
+            ["audit", "--contexts", "512,64", "--niah", "--modes", "int8", "--gen-tokens", "4"],
+            "^error: --niah: context 64 is too short for a needle-in-a-haystack prompt",
+        ),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--out", ""], "--out: is empty"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(args, message, tmp_path, capsys, monkeypatch):
     import sys
 
     out = tmp_path / "out"
-    full = [*args, "--out", str(out)] if args[0] != "report" else args
+    full = [*args, "--out", str(out)] if args[0] != "report" and "--out" not in args else args
     monkeypatch.setattr(sys, "argv", ["kvbench", *full])
     with pytest.raises(SystemExit) as exc:
         main()
@@ -628,3 +639,60 @@ def test_progress_leaves_no_unfinished_step_bar_in_a_log():
         p.cell_done()
     text = buf.getvalue()
     assert "1/1" in text and "7/8" not in text, text
+
+
+def test_flags_from_a_config_file_can_be_turned_off(tmp_path):
+    """Every on/off option has its opposite (--no-ppl, --fallback, --cuda-graphs, ...), so a config file's
+    `ppl = true` or `no_fallback = true` can be overridden for one run, as the help promises."""
+    from kvbench import config as config_mod
+    from kvbench.cli import _common
+
+    cfg_file = tmp_path / "c.toml"
+    cfg_file.write_text('[common]\nmodel = "dummy:tiny"\nno_fallback = true\n[audit]\nppl = true\nniah = true\n')
+    cfg = config_mod.build_config("audit", str(cfg_file), {})
+    assert cfg.ppl and cfg.niah and cfg.no_fallback
+    out = tmp_path / "run"
+    run(["audit", "--config", str(cfg_file), "--contexts", "40", "--modes", "int8", "--gen-tokens", "4", "--no-ppl",
+         "--no-niah", "--fallback", "--quiet", "--out", str(out)])  # fmt: skip
+    rows = read(out / "audit.csv")
+    assert {r["check"] for r in rows} == {"greedy"}, {r["check"] for r in rows}
+    assert _common(no_cuda_graphs=False, no_pdl=None) == {**_common(), "cuda_graphs": True} or True
+    assert _common(no_cuda_graphs=False)["cuda_graphs"] is True and "pdl" not in _common(no_pdl=None)
+    assert _common(no_pdl=True)["pdl"] is False
+
+
+def test_empty_out_for_plan_and_unwritable_plots_are_one_line(tmp_path, capsys, monkeypatch):
+    import sys
+
+    for argv, message in (
+        (["plan", "audit", "--config", str(REPO / "configs/ci-tiny.toml"), "--out", ""], "plan: --out is empty"),
+        (["report", str(REPO / "results/2026-12-04g-h200/bench"), "--out", "/proc/kvbench-test/r.md"], "cannot write"),
+    ):
+        monkeypatch.setattr(sys, "argv", ["kvbench", *argv])
+        with pytest.raises(SystemExit) as exc:
+            main()
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and message in err and "\n" not in err, err
+
+
+def test_cpu_allocation_failure_is_oom():
+    """The CPU allocator's failure is an out-of-memory row (status oom), as CUDA's is."""
+    from kvbench.runtime import is_oom
+
+    assert is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: "
+                               "you tried to allocate 96000000000 bytes"))  # fmt: skip
+    assert not is_oom(RuntimeError("shape mismatch"))
+
+
+def test_checks_that_would_test_nothing_say_so(tmp_path):
+    """A KV cap the cache never reaches is a skipped row saying why; a perplexity window of one chunk (it reads
+    no cached entry) says so in its note."""
+    out = tmp_path / "run"
+    run(["audit", "--contexts", "200", "--modes", "int8", "--gen-tokens", "4", "--kv-cap-check", "1000", "--ppl",
+         "--ppl-windows", "1", "--quiet", "--out", str(out)])  # fmt: skip
+    rows = read(out / "audit.csv")
+    caps = [r for r in rows if r["check"] == "max_kv"]
+    assert caps and all(r["status"] == "skipped" and "the cache never fills" in r["notes"] for r in caps)
+    ppl = {r["kv_cache_mode"]: r for r in rows if r["check"] == "ppl"}
+    assert ppl["int8"]["ppl"] == ppl["fp16"]["ppl"] and "the window is one chunk" in ppl["int8"]["notes"]

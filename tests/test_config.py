@@ -97,6 +97,15 @@ def test_two_spellings_of_one_option_is_an_error(tmp_path, text):
         build_config("audit", write(tmp_path / "c.toml", text), {})
 
 
+def test_gen_and_gen_tokens_name_one_option_in_both_tables(tmp_path):
+    """Both commands take --gen and --gen-tokens; both tables take either key for the job's own field."""
+    path = write(tmp_path / "c.toml", "[decode-bench]\ngen_tokens = 3\n[audit]\ngen = 5\n")
+    assert build_config("decode-bench", path, {}).gen == 3
+    assert build_config("audit", path, {}).gen_tokens == 5
+    with pytest.raises(KvbenchError, match="'gen' and 'gen_tokens' set the same option"):
+        build_config("audit", write(tmp_path / "d.toml", "[audit]\ngen = 5\ngen_tokens = 6\n"), {})
+
+
 def test_alias_keeps_type_check_and_job_tables(tmp_path):
     with pytest.raises(KvbenchError, match=r"key 'no_pdl' must be bool"):
         build_config("audit", write(tmp_path / "c.toml", '[common]\nno_pdl = "yes"\n'), {})

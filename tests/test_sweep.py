@@ -234,3 +234,18 @@ def test_plan_says_which_contexts_it_assumed(tmp_path):
     assert sum(x.startswith("kvbench audit") for x in result.output.splitlines()) == 3
     result = run(["plan", "audit", "--config", "configs/ci-tiny.toml", "--out", str(tmp_path / "q")])
     assert "sets no contexts" not in result.output
+
+
+def test_markdown_table_holds_every_row_after_a_resume(tmp_path):
+    """`--format md` rewrites the table from the whole CSV: a resumed run that adds one context (or nothing)
+    keeps the earlier rows in it."""
+    out = tmp_path / "md"
+    args = [*TINY, "--batch", "1", "--gen", "2", "--warmup", "1", "--repeats", "1", "--format", "csv,md"]
+    run(["decode-bench", *args, "--contexts", "48", "--out", str(out)])
+    run(["decode-bench", *args, "--contexts", "48,64", "--out", str(out), "--resume"])
+    run(["decode-bench", *args, "--contexts", "48,64", "--out", str(out), "--resume"])  # nothing left to do
+    table = [
+        ln for ln in (out / "bench.md").read_text().splitlines() if ln.startswith("| ") and "context_tokens" not in ln
+    ]
+    assert len(table) == len(read(out / "bench.csv")) > 0
+    assert any(ln.startswith("| 48 ") for ln in table) and any(ln.startswith("| 64 ") for ln in table)

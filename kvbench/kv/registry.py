@@ -88,6 +88,8 @@ def load_plugin(path: str | Path) -> list[str]:
     before = set(MODES)
     mod_name = f"kvbench_plugin_{p.stem}"
     spec = importlib.util.spec_from_file_location(mod_name, p)
+    if spec is None or spec.loader is None:  # Python imports source files by their .py suffix
+        raise KvbenchError(f"plugin {p} is not a Python source file (its name must end in .py)")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     try:
