@@ -153,8 +153,8 @@ Formats = Annotated[
     str | None,
     typer.Option(
         "--format",
-        help="Output files: csv (always; --resume and report read it), plus json and/or md beside it. "
-        "\\[default: csv,json]",
+        help="Output files, a comma list that includes csv (--resume and report read it), plus json and/or md "
+        "beside it, e.g. csv,md. \\[default: csv,json]",
         show_default=False,
     ),
 ]
@@ -363,6 +363,11 @@ def _finish(job, cfg, rows, writer, console, t0) -> None:
 
         print_rows(job, rows, console)
     console.print(f"wrote {writer.directory}/ ({len(rows)} rows, {time.time() - t0:.0f} s)")
+    if rows and all(r.get("status") == "error" for r in rows):  # a script or CI should see that nothing worked
+        typer.echo(
+            f"error: every cell of this run failed (status error; the notes in {writer.csv_path} say why)", err=True
+        )
+        raise typer.Exit(1)
 
 
 def _run_sharded(job: str, cfg, devices: list[str], console, t0: float) -> None:

@@ -696,3 +696,43 @@ def test_checks_that_would_test_nothing_say_so(tmp_path):
     assert caps and all(r["status"] == "skipped" and "the cache never fills" in r["notes"] for r in caps)
     ppl = {r["kv_cache_mode"]: r for r in rows if r["check"] == "ppl"}
     assert ppl["int8"]["ppl"] == ppl["fp16"]["ppl"] and "the window is one chunk" in ppl["int8"]["notes"]
+
+
+def test_a_plugin_may_not_take_a_builtin_name(tmp_path):
+    """A plugin class named like a built-in mode (or `all`) is refused, and the registry is left as it was;
+    a plugin with its own name loads, and loading the same file again is fine."""
+    from kvbench.errors import KvbenchError
+    from kvbench.kv import registry
+
+    clash = tmp_path / "clash.py"
+    clash.write_text(
+        "from kvbench.kv.registry import register\nfrom kvbench.kv.int8 import Int8Cache\n\n"
+        "@register\nclass Mine(Int8Cache):\n    name = 'int8'\n    aliases = ()\n"
+    )
+    registry.mode_names()  # the built-in modes registered
+    real = registry.MODES["int8"]
+    with pytest.raises(KvbenchError, match=r"registers a mode name that is taken \(int8\)"):
+        registry.load_plugin(clash)
+    assert registry.MODES["int8"] is real
+    own = tmp_path / "own.py"
+    own.write_text(clash.read_text().replace("name = 'int8'", "name = 'my-int8'"))
+    assert registry.load_plugin(own) == ["my-int8"]
+    registry.load_plugin(own)  # again, as a second command in the same process does
+    del registry.MODES["my-int8"]
+    registry._ALIASES.pop("my-int8", None)
+
+
+def test_a_run_whose_every_cell_failed_exits_nonzero(tmp_path, monkeypatch):
+    """Rows are written (a recorded row per cell), and the exit status says nothing worked."""
+    from kvbench.bench import BenchJob
+
+    def measure(self, mode, ctx, batch, notes):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(BenchJob, "_measure", measure)
+    out = tmp_path / "run"
+    result = run(["decode-bench", "--model", "dummy:tiny", "--contexts", "48", "--modes", "fp16,int8", "--gen", "2",
+                  "--repeats", "1", "--warmup", "1", "--quiet", "--out", str(out)], expect=1)  # fmt: skip
+    assert "every cell of this run failed" in result.output
+    rows = read(out / "bench.csv")
+    assert rows and all(r["status"] == "error" for r in rows)

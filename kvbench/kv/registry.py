@@ -85,7 +85,7 @@ def load_plugin(path: str | Path) -> list[str]:
     p = Path(path)
     if not p.is_file():
         raise KvbenchError(f"plugin file not found: {p}")
-    before = set(MODES)
+    before, aliases_before = dict(MODES), dict(_ALIASES)
     mod_name = f"kvbench_plugin_{p.stem}"
     spec = importlib.util.spec_from_file_location(mod_name, p)
     if spec is None or spec.loader is None:  # Python imports source files by their .py suffix
@@ -96,6 +96,19 @@ def load_plugin(path: str | Path) -> list[str]:
         spec.loader.exec_module(module)
     except Exception as exc:  # a user's file: report, don't crash
         raise KvbenchError(f"plugin {p} failed to import: {type(exc).__name__}: {exc}") from exc
+    # A plugin mode may not take a name that is taken (a built-in mode's, its alias, or a word --modes reads
+    # itself): its rows would carry the built-in's label.
+    taken = [a for a, m in _ALIASES.items() if a in aliases_before and aliases_before[a] != m]
+    # (the same file loaded again, e.g. by a second command in one process, replaces only its own classes)
+    taken += [m for m in MODES if m in before and MODES[m] is not before[m] and before[m].__module__ != mod_name]
+    taken += [a for a in _ALIASES if a not in aliases_before and (a == "all" or a.startswith("hf:"))]
+    if taken:
+        MODES.clear()
+        MODES.update(before)
+        _ALIASES.clear()
+        _ALIASES.update(aliases_before)
+        names = ", ".join(sorted(set(taken)))
+        raise KvbenchError(f"plugin {p} registers a mode name that is taken ({names}); give its class another `name`")
     return [m for m in MODES if m not in before]
 
 
