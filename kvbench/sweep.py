@@ -18,6 +18,7 @@ import csv
 import os
 import queue as queue_mod
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,6 +216,8 @@ def run_sharded(
         spawn(d)
     rows: list[dict] = []
     current: dict[int, dict] = {}  # the cell each worker is in
+    groups_of: dict[int, object] = {}  # the group each worker is in
+    lost: list[tuple] = []  # (device, group) of the workers that died
     remaining = len(groups)
     finished = 0
     try:
@@ -235,6 +238,7 @@ def run_sharded(
                             sink.row(row)
                             rows.append(row)
                             remaining -= 1  # its group is lost with it; the others go on
+                            lost.append((device, groups_of.get(wid)))
                         spawn(device)
                 continue
             if kind == "row":
@@ -245,6 +249,8 @@ def run_sharded(
                     progress.cell_done()
             elif kind == "start":
                 current[wid] = payload
+            elif kind == "group":
+                groups_of[wid] = payload
             elif kind == "group_done":
                 remaining -= 1
                 finished += 1
@@ -258,4 +264,9 @@ def run_sharded(
             p.join(timeout=max(0.1, deadline - time.time()))
             if p.is_alive():
                 p.terminate()
+    for device, group in lost:  # the dead worker's other cells of that group have no row: say so, not nothing
+        sys.stderr.write(
+            f"warning: the worker on {device} died in group {group}: one error row says where; that group's "
+            "cells after it have no row (run the same command with --resume to measure them)\n"
+        )
     return rows

@@ -249,3 +249,22 @@ def test_markdown_table_holds_every_row_after_a_resume(tmp_path):
     ]
     assert len(table) == len(read(out / "bench.csv")) > 0
     assert any(ln.startswith("| 48 ") for ln in table) and any(ln.startswith("| 64 ") for ln in table)
+
+
+def test_a_worker_that_dies_leaves_a_row_and_a_warning(tmp_path):
+    """A sharded worker killed mid-cell (here: a plugin mode that exits the process when it stores K/V) gives
+    that cell an error row; the rest of its group has no row, and the run says so instead of ending quietly."""
+    plugin = tmp_path / "crash.py"
+    plugin.write_text(
+        "import os\nfrom kvbench.kv.registry import register\nfrom kvbench.kv.int8 import Int8Cache\n\n"
+        "@register\nclass Crash(Int8Cache):\n    name = 'crash'\n    aliases = ()\n\n"
+        "    def _store(self, start, k, v):\n        os._exit(9)\n"
+    )
+    out = tmp_path / "o"
+    result = run(["audit", "--model", "dummy:tiny", "--quiet", "--modes", "fp16,crash,int8", "--contexts", "48",
+                  "--gen-tokens", "2", "--plugin", str(plugin), "--devices", "cpu,cpu", "--out", str(out)])  # fmt: skip
+    rows = read(out / "audit.csv")
+    died = [r for r in rows if r["status"] == "error"]
+    assert [r["kv_cache_mode"] for r in died] == ["crash"] and "died (exit code 9)" in died[0]["notes"]
+    assert "int8" not in {r["kv_cache_mode"] for r in rows}
+    assert "warning: the worker on cpu died in group 48" in result.output
