@@ -175,6 +175,7 @@ def build_config(job: str, config_file: str | None, cli: dict):
     values = load_toml(config_file, job, origins) if config_file else {}
     given = {k: v for k, v in cli.items() if v is not None}
     values.update(given)
+    chosen = set(origins) | set(given)  # the fields the user set, in the file or on the command line
     for k in given:
         origins.pop(k, None)
     types = {f.name: str(f.type) for f in dataclasses.fields(JOB_CONFIGS[job])}
@@ -182,11 +183,15 @@ def build_config(job: str, config_file: str | None, cli: dict):
         if types[k].startswith(("list[int]", "list[float]")) and v is not None:
             values[k] = list(dict.fromkeys(v))
     cfg = JOB_CONFIGS[job](**values)
-    validate(cfg, origins)
+    validate(cfg, origins, chosen)
     return cfg
 
 
-def validate(cfg, origins: dict[str, str] | None = None) -> None:
+# An option that only shapes a check (field -> the check's switch): set without it, it would be ignored in silence.
+NEEDS = {"niah_depths": "niah", "ppl_windows": "ppl", "ppl_chunk": "ppl"}
+
+
+def validate(cfg, origins: dict[str, str] | None = None, chosen: set[str] | None = None) -> None:
     """Refuse bad values in one line naming where each came from: `origins` maps a field to its config
     file and key (load_toml); any other field is named as its command-line option (`--gen-tokens`)."""
     origins = origins or {}
@@ -203,6 +208,8 @@ def validate(cfg, origins: dict[str, str] | None = None) -> None:
         bad("model", "is empty: leave it out (or pass 'default') for the embedded SmolLM2-135M-Instruct")
     if cfg.out is not None and not str(cfg.out).strip():  # --out "$DIR" with DIR unset
         bad("out", "is empty: leave it out for results/<date>-<device>, or name a folder")
+    if cfg.devices is not None and not cfg.devices.strip():  # --devices "$GPUS" with GPUS unset
+        bad("devices", "is empty: leave it out for one device, or give e.g. 0,1 or all")
     if cfg.devices and cfg.device != "auto":  # --devices picks the device(s) itself: one would silently lose
         bad("devices", f"give --device ({cfg.device}) or --devices ({cfg.devices}), not both")
     for plugin in cfg.plugin:
@@ -283,6 +290,13 @@ def validate(cfg, origins: dict[str, str] | None = None) -> None:
             bad("memory_budget_gb", f"must be a positive number of GB, got {cfg.memory_budget_gb}")
         if cfg.memory_budget_gb is not None and not cfg.capacity:  # it would be ignored: say so instead
             bad("memory_budget_gb", "only bounds the --capacity search; add --capacity (or leave it out)")
+
+    # last, so that a bad value is named for what is wrong with it first
+    for name, switch in NEEDS.items():
+        if name in (chosen or ()) and hasattr(cfg, switch) and not getattr(cfg, switch):
+            bad(name, f"only shapes the --{switch} check; add --{switch} (or leave it out)")
+    if "niah_depths" in (chosen or ()) and getattr(cfg, "niah", False) and not cfg.niah_depths:
+        bad("niah_depths", "is empty: give at least one depth, e.g. 0.5, or leave it out for the default")
 
 
 _COUNT = re.compile(r"([-+]?(?:\d+(?:\.\d*)?|\.\d+))(k?)")

@@ -165,6 +165,14 @@ def test_sparse_v_rows_and_report(tmp_path):
             "^error: --niah: context 64 is too short for a needle-in-a-haystack prompt",
         ),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--out", ""], "--out: is empty"),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--devices", ""], "--devices: is empty"),
+        # options that only shape a check are refused without it (they were ignored in silence)
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--niah-depths", "0.5"], "--niah-depths: only shapes"),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--ppl-chunk", "32"], "--ppl-chunk: only shapes"),
+        (
+            ["audit", "--model", "dummy:tiny", "--contexts", "64", "--niah", "--niah-depths", ""],
+            "--niah-depths: is empty",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(args, message, tmp_path, capsys, monkeypatch):

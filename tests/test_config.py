@@ -132,13 +132,14 @@ def test_duplicate_list_values_run_once_from_the_command_line():
     cli = _common(modes="fp16", contexts="64")
     cli["kv_caps"] = parse_int_list("32,32", "kv-cap-check")
     cli["niah_depths"] = parse_float_list("0.5,0.50,0", "niah-depths")
+    cli["niah"] = True
     cfg = build_config("audit", None, cli)
     assert cfg.kv_caps == [32] and cfg.niah_depths == [0.5, 0.0]
 
 
 def test_duplicate_list_values_run_once_from_a_config_file(tmp_path):
     text = "[common]\ncontexts = [2048, 512, 2048]\n[decode-bench]\nbatch = [4, 1, 4, 1]\n"
-    text += "[audit]\nkv_cap_check = [256, 256]\nniah_depths = [0, 0.0, 1]\n"
+    text += "[audit]\nkv_cap_check = [256, 256]\nniah = true\nniah_depths = [0, 0.0, 1]\n"
     path = write(tmp_path / "c.toml", text)
     bench = build_config("decode-bench", path, {})
     assert bench.contexts == [2048, 512] and bench.batch == [4, 1]
