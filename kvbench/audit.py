@@ -154,7 +154,6 @@ class AuditJob:
                     self.niah_prompt(ctx, 0.5, 0)
 
     def run(self) -> list[dict]:
-        self.preflight()  # (again in a sharded worker, which starts here)
         for ctx in self.s.contexts:
             if not self.sweep.wants(ctx):
                 continue

@@ -187,8 +187,14 @@ def build_config(job: str, config_file: str | None, cli: dict):
     return cfg
 
 
-# An option that only shapes a check (field -> the check's switch): set without it, it would be ignored in silence.
-NEEDS = {"niah_depths": "niah", "ppl_windows": "ppl", "ppl_chunk": "ppl"}
+# An option that only shapes a check or a search (field -> its switch, what it does there): set without the switch,
+# it would be ignored in silence.
+NEEDS = {
+    "niah_depths": ("niah", "shapes the --niah check"),
+    "ppl_windows": ("ppl", "shapes the --ppl check"),
+    "ppl_chunk": ("ppl", "shapes the --ppl check"),
+    "memory_budget_gb": ("capacity", "bounds the --capacity search"),
+}
 
 
 def validate(cfg, origins: dict[str, str] | None = None, chosen: set[str] | None = None) -> None:
@@ -288,13 +294,11 @@ def validate(cfg, origins: dict[str, str] | None = None, chosen: set[str] | None
             bad("fill", f"'{cfg.fill}' is not one of {', '.join(FILLS)}")
         if cfg.memory_budget_gb is not None and not cfg.memory_budget_gb > 0:
             bad("memory_budget_gb", f"must be a positive number of GB, got {cfg.memory_budget_gb}")
-        if cfg.memory_budget_gb is not None and not cfg.capacity:  # it would be ignored: say so instead
-            bad("memory_budget_gb", "only bounds the --capacity search; add --capacity (or leave it out)")
 
     # last, so that a bad value is named for what is wrong with it first
-    for name, switch in NEEDS.items():
+    for name, (switch, what) in NEEDS.items():
         if name in (chosen or ()) and hasattr(cfg, switch) and not getattr(cfg, switch):
-            bad(name, f"only shapes the --{switch} check; add --{switch} (or leave it out)")
+            bad(name, f"only {what}; add --{switch} (or leave it out)")
     if "niah_depths" in (chosen or ()) and getattr(cfg, "niah", False) and not cfg.niah_depths:
         bad("niah_depths", "is empty: give at least one depth, e.g. 0.5, or leave it out for the default")
 

@@ -35,6 +35,7 @@ from kvbench.results import (
     KERNEL_KL_AGREE,
     STATUSES,
     kernel_paths_agree,
+    plural,
 )
 
 MODE_ORDER = ("fp16", "int8", "turbo4-asym", "turbo3-asym", "turbo4", "turbo4-delegated")
@@ -223,11 +224,6 @@ def fmt_weight_bytes(x) -> str:
         if abs(x) >= 0.1 * scale:
             return f"{x / scale:.2f} {unit}"
     return f"{x:.0f} B"
-
-
-def plural(n, word: str) -> str:
-    """ "1 repeat", "3 repeats"; n may be a text such as "1/3" (plural unless it is "1")."""
-    return f"{n} {word}" + ("" if str(n) == "1" else "s")
 
 
 def fmt_int(x) -> str:

@@ -165,8 +165,9 @@ def join_notes(*parts: str) -> str:
     return "; ".join(p for p in parts if p)
 
 
-def plural_rows(n: int) -> str:
-    return f"{n} row" + ("" if n == 1 else "s")
+def plural(n, word: str) -> str:
+    """ "1 repeat", "3 repeats"; n may be a text such as "1/3" (plural unless it is "1")."""
+    return f"{n} {word}" + ("" if str(n) == "1" else "s")
 
 
 def today() -> str:
@@ -361,7 +362,7 @@ class ResultsWriter:
             with open(self.json_path, "rb+") as f:
                 lines = f.read().splitlines(keepends=True)
                 if len(lines) < rows:
-                    behind = plural_rows(rows - len(lines))
+                    behind = plural(rows - len(lines), "row")
                     return [
                         f"{self.json_path}: {behind} behind {self.csv_path.name} (left as it is; the CSV is the record)"
                     ]
@@ -375,7 +376,7 @@ class ResultsWriter:
             raise KvbenchError(f"cannot repair {self.json_path}: {exc.strerror or exc}") from None
         extra = len(lines) - rows
         return [
-            f"{self.json_path}: {plural_rows(extra)} past {self.csv_path.name}'s last row; dropped (measured again)"
+            f"{self.json_path}: {plural(extra, 'row')} past {self.csv_path.name}'s last row; dropped (measured again)"
         ]
 
     def check_header(self) -> None:

@@ -171,7 +171,10 @@ def _worker(job: str, cfg, device: str, wid: int, tasks, results, done: set) -> 
             results.put(("group", wid, group))
             sweep = Sweep(QueueSink(results, wid), {group}, done)
             with Progress(0, True) as progress:
-                job_cls(session, progress, sweep).run()
+                runner = job_cls(session, progress, sweep)
+                if hasattr(runner, "preflight"):  # as the single-process run does, before the group's cells
+                    runner.preflight()
+                runner.run()
             results.put(("group_done", wid, group))
     except Exception as exc:  # setup failures (bad model, ...) come back as one line
         from kvbench.runtime import one_line
