@@ -354,12 +354,70 @@ def bench_mode(name, b, length, dtype, device, cod, configs, append="none"):
     return results, nbytes
 
 
-def bench_sdpa(b, length, dtype, device):
+def bench_sdpa(b, length, dtype, device, backend=None, pad=0):
+    """(us, KV bytes of the L tokens) of torch SDPA over a [B, Hkv, L, D] fp16 cache, under torch's
+    own backend choice or `backend` (a `torch.nn.attention.SDPBackend`). `pad` > 0: over L + pad
+    slots with a boolean mask hiding the last `pad`, as a CUDA graph that serves every step of a
+    growing cache would have to call it (its length lives on the device)."""
     nbytes = 2 * b * HKV * length * D * torch.finfo(dtype).bits // 8
     q = torch.randn(b, HQ, 1, D, device=device, dtype=dtype)
-    kvs = [torch.randn(2, b, HKV, length, D, device=device, dtype=dtype) for _ in range(copies_for(nbytes))]
-    calls = [lambda kv=kv: F.scaled_dot_product_attention(q, kv[0], kv[1], enable_gqa=True) for kv in kvs]
-    return time_graph(calls), nbytes
+    slots = length + pad
+    kvs = [torch.randn(2, b, HKV, slots, D, device=device, dtype=dtype) for _ in range(copies_for(nbytes))]
+    mask = (torch.arange(slots, device=device) < length).view(1, 1, 1, slots) if pad else None
+    calls = [
+        lambda kv=kv: F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, enable_gqa=True) for kv in kvs
+    ]
+    if backend is None:
+        return time_graph(calls), nbytes
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(backend):
+        return time_graph(calls), nbytes
+
+
+def sdpa_choice(b, length, dtype, device, pad=0):
+    """The backend torch's SDPA dispatch picks for this shape (a private torch call; "?" where it is missing)."""
+    from torch.nn.attention import SDPBackend
+
+    q = torch.empty(b, HQ, 1, D, device=device, dtype=dtype)
+    k = torch.empty(b, HKV, length + pad, D, device=device, dtype=dtype)
+    mask = torch.ones(1, 1, 1, length + pad, dtype=torch.bool, device=device) if pad else None
+    try:
+        choice = torch._fused_sdp_choice(q, k, k, mask, 0.0, False, scale=None, enable_gqa=True)
+        return SDPBackend(choice).name
+    except (AttributeError, RuntimeError, TypeError, ValueError) as exc:
+        return f"? ({type(exc).__name__})"
+
+
+def sdpa_backends(shapes, dtype, device, pad=64):
+    """torch SDPA at each shape: its own choice, then each fused backend forced, unmasked and over `pad`
+    more slots behind a mask (what a captured step over a growing cache would call); rows for kernels.csv."""
+    from torch.nn.attention import SDPBackend
+
+    backends = [("auto", None)] + [
+        (name.lower(), getattr(SDPBackend, name))
+        for name in ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
+        if hasattr(SDPBackend, name)
+    ]
+    rows = []
+    print(f"\n== torch SDPA per backend, one layer (us; masked: over L + {pad} slots, a boolean mask) ==")
+    print(f"{'batch':>5} {'context':>7} {'backend':19} {'plain':>8} {'masked':>8}  torch's choice (plain / masked)")
+    for b, length in shapes:
+        picked = f"{sdpa_choice(b, length, dtype, device)} / {sdpa_choice(b, length, dtype, device, pad)}"
+        for name, backend in backends:
+            cells = []
+            for p in (0, pad):
+                try:
+                    us, nbytes = bench_sdpa(b, length, dtype, device, backend, p)
+                except RuntimeError as exc:  # this backend does not take the shape (or the mask)
+                    cells.append(f"{'-':>8}")
+                    print(f"        {name} {'masked' if p else 'plain'}: {str(exc).splitlines()[0][:160]}")
+                    continue
+                cells.append(f"{us:8.1f}")
+                label = f"torch-sdpa-{name}" + ("-masked" if p else "")
+                rows.append({"batch": b, "context": length, "kernel": label, "us": us, "kv_bytes": nbytes})
+            print(f"{b:5} {length:7} {name:19} {' '.join(cells)}  {picked if name == 'auto' else ''}")
+    return rows
 
 
 def bench_write(mode, b, dtype, device, cod, **tune):
@@ -483,6 +541,11 @@ def main():
     ap.add_argument(
         "--pdl", action="store_true", help="launch with programmatic dependent launch, as the decode step does"
     )
+    ap.add_argument(
+        "--sdpa-backends",
+        action="store_true",
+        help="also time torch SDPA under each fused backend, plain and over 64 more slots behind a mask",
+    )
     args = ap.parse_args()
     with programmatic_launch(args.pdl):
         run(args)
@@ -570,6 +633,8 @@ def run(args):
                     f"        top {len(top)}:",
                     "; ".join(f"{'/'.join(str(v) for k, v in c.items() if k != 'resources')} {t:.1f}" for c, t in top),
                 )
+    if args.sdpa_backends:
+        rows += sdpa_backends(shapes, dtype, device)
     print("\n== quantize-on-write of one decode token (K and V, all heads), one layer ==")
     for b in sorted({b for b, _ in shapes}):
         line = "  ".join(

@@ -92,3 +92,33 @@ def test_write_gap_counts_differing_coordinates_and_their_size():
     assert abs(got["k_frac"] - 1 / 48) < 1e-12 and got["v_max_rel"] == 0
     assert abs(got["k_max_rel"] - 1 / 127) < 1e-6
     assert write_gap.cache_diff(a, a)["k_differ"] == 0
+
+
+def test_pick_config_takes_the_fastest_timed_config_across_csvs(tmp_path):
+    """scripts/exp/pick_config.py: the fastest "(tuned)" row of a mode and shape over every CSV, as
+    KVBENCH_ATTN_CONFIG JSON with a fixed split count; "{}" where the default was as fast or the shape
+    is missing; a missing CSV is a warning."""
+    import json
+
+    head = "batch,context,kernel,us,kv_bytes,tb_s,num_splits,block_n,num_warps,num_stages\n"
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text(
+        head + "16,2048,torch-sdpa-fp16,37.4,1,1,,,,\n16,2048,fp16,41.1,1,1,2,128,4,3\n"
+        "16,2048,fp16 (tuned),39.0,1,1,4,128,4,2\n16,8192,fp16,131.0,1,1,2,128,4,3\n"
+        "16,8192,fp16 (tuned),131.0,1,1,1,64,8,3\n16,2048,int8 (tuned),10.0,1,1,9,32,1,2\n"
+    )
+    b.write_text(head + "16,2048,fp16,41.3,1,1,2,128,4,3\n16,2048,fp16 (tuned),38.2,1,1,8,64,2,3\n")
+
+    def pick(*args):
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "scripts/exp/pick_config.py"), *args], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout), done.stderr
+
+    got, err = pick("fp16", "16", "2048", str(a), str(b))
+    assert got == {"fp16": {"block_n": 64, "num_warps": 2, "num_stages": 3, "splits": 8}}
+    assert "1.076x" in err  # 41.1 / 38.2: against the faster of the two default timings
+    assert pick("fp16", "16", "8192", str(a), str(b))[0] == {}  # the default tied
+    got, err = pick("fp16", "16", "32768", str(a), str(tmp_path / "none.csv"))
+    assert got == {} and "none.csv missing" in err and "no timed fp16" in err

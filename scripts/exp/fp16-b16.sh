@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Written in the thirty-second session (no GPU lent then), for the next one: fp16's attention at batch 16
+# against torch SDPA. results/2026-12-04g-h200/sdpa put kvbench's fp16 kernel 2-9% behind SDPA at batch 16
+# (2K / 8K / 32K: 41.1 / 131.6 / 483.2 us against 37.4 / 127.2 / 475.6), on its launch default of 2 splits
+# of 128-token blocks, 4 warps, 3 stages (`programs_per_sm` (1, 1)). One call, no carry (~8 min):
+# 1. attention + append alone, fp16 at batch 16: the default against the "rows" and "wide" launch grids
+#    (1-8 splits, 32-256-token blocks, 1-8 warps, 2-3 stages), then torch SDPA under its own choice and each
+#    fused backend forced, plain and over 64 more slots behind a boolean mask (bench_kernels --sdpa-backends);
+# 2. end to end, fp16 and int8 at batch 16, each context in turn: the default (`def`), the fastest config
+#    from 1 (`best`, a fixed split count), the default again, `best` again. A `best` that holds end to end
+#    becomes fp16's batch-16 default; int8's ratio then reads against it.
+# Prediction: a shape with more splits closes most of the 2K gap (2 splits of 1024 tokens over 256 programs
+# leave SMs idle as the first wave drains); at 32K within 1%. End to end fp16 +1-2% at 2K, batch 16, <1% at 32K.
+source scripts/exp/ab-lib.sh
+S=16x2048,16x8192,16x32768
+for grid in rows wide; do
+  mkdir -p $OUT/$grid
+  OUT=$OUT/$grid timeout 200 python3 scripts/bench_kernels.py --modes fp16 --shapes $S --tune --grid $grid \
+    --append default --no-check --pdl $([ $grid = rows ] && echo --sdpa-backends) > $OUT/$grid/kernels.txt 2>&1
+  echo "grid $grid rc=$? t=$SECONDS"; grep -v "^ *top\|write" $OUT/$grid/kernels.txt | tail -30
+done
+declare -A V=([def]='{}')
+RUN0=0
+for ctx in 32k 2k 8k; do
+  n=${ctx%k}; V[best]=$(python3 scripts/exp/pick_config.py fp16 16 $((n * 1024)) $OUT/rows/kernels.csv $OUT/wide/kernels.csv)
+  echo "== $ctx best: ${V[best]}"
+  [ "${V[best]}" = "{}" ] && continue
+  BUDGET_S=${BUDGET_S:-540} ab_runs "def:$ctx:16 best:$ctx:16 def:$ctx:16 best:$ctx:16" fp16,int8
+  RUN0=$((RUN0 + 4))
+done
+(cd $OUT && tar czf fp16-b16.tgz r rows wide && rm -rf r)
