@@ -71,6 +71,8 @@ class AuditJob:
         self._ref_tokens = None  # fp16's greedy tokens at the current context (peers are forced on them)
         self._shared_prefill = None  # (prompt, per-layer fresh K/V, last logits) of a one-chunk prompt
         self._lm32 = None  # the model in float32: the kernel check's yardstick (`_fp32_yardstick`)
+        if self.cfg.question is not None and session.lm.tokenizer is None:  # the prompt is random token ids
+            raise KvbenchError("--question needs a model with a tokenizer (a dummy model's prompts are random ids)")
         self.question = self.cfg.question or prompts.DEFAULT_QUESTION
         self._passage = self._read_prompt_file()
         if self.cfg.contexts is None and self._passage is not None:

@@ -5,6 +5,7 @@ Every user-facing failure is one line on stderr and a non-zero exit; no tracebac
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import time
@@ -639,7 +640,7 @@ def report(
         ),
     ] = None,
     out: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--out",
             "-o",
@@ -660,6 +661,8 @@ def report(
     """
     from kvbench.report import render_report
 
+    if out is not None and not out.strip():  # Path("") is the working folder: a report there by accident
+        raise KvbenchError("--out: is empty: give a folder or a .md file for the report (or leave --out out)")
     dirs = list(results_dirs or [])
     if not dirs:
         dirs = [_newest_results_dir(Path("results"))]
@@ -679,7 +682,7 @@ def report(
         if not any(d.glob("*.csv")):
             hint = f"; its subfolders have some: kvbench report {d}/*/" if any(d.glob("*/*.csv")) else ""
             raise KvbenchError(f"no CSV files in {d}{hint}")
-    path = render_report(list(dirs), out)
+    path = render_report(list(dirs), Path(out) if out is not None else None)
     typer.echo(f"wrote {path}")
 
 
@@ -757,15 +760,22 @@ def plan(
 
 @app.command("modes")
 @friendly
-def list_modes() -> None:
-    """List the registered KV modes and their aliases, then transformers' own caches (`hf:*`, audit peers)."""
+def list_modes(plugin: Plugin = None) -> None:
+    """List the registered KV modes and their aliases, then transformers' own caches (`hf:*`, audit peers).
+
+    With --plugin, a plugin file's modes join the list (marked "plugin"), as they would join a run.
+    """
     from kvbench.kv import registry
     from kvbench.peers import PEERS
 
+    for path in plugin or []:
+        registry.load_plugin(path)
     for name in registry.mode_names():
         cls = registry.get(name)
         alias = f" (aliases: {', '.join(cls.aliases)})" if cls.aliases else ""
-        typer.echo(f"{name:18s} {cls.summary}{alias}")
+        from_plugin = cls.__module__.startswith(registry.PLUGIN_PREFIX)
+        origin = f" [plugin {Path(inspect.getfile(cls)).name}]" if from_plugin else ""
+        typer.echo(f"{name:18s} {cls.summary}{alias}{origin}")
     typer.echo("\ntransformers' own caches on the same weights, as peers (--modes hf:all runs every one):")
     for peer in PEERS.values():
         typer.echo(f"{peer.name:18s} {peer.summary}")

@@ -119,6 +119,7 @@ def test_sparse_v_rows_and_report(tmp_path):
         ),
         (["audit", "--model", "dummy:tiny", "--sparse-v-threshold", "-0.1"], "--sparse-v-threshold: "),
         (["report", "/nonexistent/dir"], "results folder not found"),
+        (["report", "/nonexistent/dir", "--out", ""], "--out: is empty"),  # Path("") was ./report.md
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--modes", ""], "--modes: needs at least one mode"),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--modes", ","], "needs at least one mode"),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--yarn", "bogus"], "--yarn: 'bogus'"),
@@ -172,6 +173,10 @@ def test_sparse_v_rows_and_report(tmp_path):
         (
             ["audit", "--model", "dummy:tiny", "--contexts", "64", "--niah", "--niah-depths", ""],
             "--niah-depths: is empty",
+        ),
+        (  # a dummy model's prompt is random ids: the question went nowhere, in silence
+            ["audit", "--model", "dummy:tiny", "--contexts", "64", "--modes", "int8", "--question", "Who is Emma?"],
+            "^error: --question needs a model with a tokenizer",
         ),
     ],
 )
@@ -252,6 +257,28 @@ def test_modes_lists_registry():
     result = run(["modes"])
     assert "fp16" in result.output and "int8" in result.output
     assert "hf:quanto-int4" in result.output and "hf:all" in result.output  # the peers --modes also takes
+
+
+def test_modes_lists_a_plugins_modes(tmp_path):
+    """`kvbench modes --plugin F` shows F's modes, marked as the plugin's; a missing file is one line."""
+    from kvbench.kv import registry
+
+    own = tmp_path / "listed.py"
+    own.write_text(
+        "from kvbench.kv.registry import register\nfrom kvbench.kv.int8 import Int8Cache\n\n"
+        "@register\nclass Mine(Int8Cache):\n    name = 'listed-int8'\n    aliases = ()\n"
+        "    summary = 'int8 with a twist'\n"
+    )
+    try:
+        result = run(["modes", "--plugin", str(own)])
+        line = next(ln for ln in result.output.splitlines() if ln.startswith("listed-int8"))
+        assert "int8 with a twist" in line and "[plugin listed.py]" in line
+        assert "[plugin" not in next(ln for ln in result.output.splitlines() if ln.startswith("int8 "))
+    finally:
+        registry.MODES.pop("listed-int8", None)
+        registry._ALIASES.pop("listed-int8", None)
+    missing = runner.invoke(app, ["modes", "--plugin", str(tmp_path / "none.py")])
+    assert missing.exit_code != 0 and "plugin file not found" in missing.output
 
 
 @pytest.mark.parametrize(

@@ -79,6 +79,9 @@ def parse_modes(spec: str | list[str] | None) -> list[str]:
     return out
 
 
+PLUGIN_PREFIX = "kvbench_plugin_"  # the module name a plugin file is imported under, before its stem
+
+
 def load_plugin(path: str | Path) -> list[str]:
     """Import a user's Python file so its `@register`ed modes join the registry."""
     _ensure_builtin()
@@ -86,7 +89,7 @@ def load_plugin(path: str | Path) -> list[str]:
     if not p.is_file():
         raise KvbenchError(f"plugin file not found: {p}")
     before, aliases_before = dict(MODES), dict(_ALIASES)
-    mod_name = f"kvbench_plugin_{p.stem}"
+    mod_name = f"{PLUGIN_PREFIX}{p.stem}"
     spec = importlib.util.spec_from_file_location(mod_name, p)
     if spec is None or spec.loader is None:  # Python imports source files by their .py suffix
         raise KvbenchError(f"plugin {p} is not a Python source file (its name must end in .py)")
