@@ -103,7 +103,16 @@ def done_cells(csv_path: Path, *, version: str, model_hash: str, force: bool) ->
             raise KvbenchError(
                 f"{csv_path} holds results from {' and '.join(what)}; pass --force to mix them, or use another --out"
             )
-    return {r["cell"] for r in rows if r.get("cell")}
+    return {r["cell"] for r in rows if r.get("cell") and not worker_died(r)}
+
+
+def worker_died(row: dict) -> bool:
+    """A row that says only that a sharded worker's process ended in its cell (a crash, the OS's memory
+    killer): nothing about the cell itself, so `--resume` measures it again (the report keeps the later row)."""
+    return row.get("status") == "error" and WORKER_DIED in (row.get("notes") or "")
+
+
+WORKER_DIED = "died (exit code"  # in the error row of a worker's cell: "worker on DEVICE died (exit code N) ..."
 
 
 def check_fresh(csv_path: Path, resume: bool, force: bool) -> None:
@@ -236,7 +245,7 @@ def run_sharded(
                             row = {
                                 **cell,
                                 "status": "error",
-                                "notes": f"worker on {device} died (exit code {p.exitcode}) in this cell",
+                                "notes": f"worker on {device} {WORKER_DIED} {p.exitcode}) in this cell",
                             }
                             sink.row(row)
                             rows.append(row)
@@ -270,6 +279,6 @@ def run_sharded(
     for device, group in lost:  # the dead worker's other cells of that group have no row: say so, not nothing
         sys.stderr.write(
             f"warning: the worker on {device} died in group {group}: one error row says where; that group's "
-            "cells after it have no row (run the same command with --resume to measure them)\n"
+            "cells after it have no row (the same command with --resume measures that cell again and the rest)\n"
         )
     return rows

@@ -268,3 +268,12 @@ def test_a_worker_that_dies_leaves_a_row_and_a_warning(tmp_path):
     assert [r["kv_cache_mode"] for r in died] == ["crash"] and "died (exit code 9)" in died[0]["notes"]
     assert "int8" not in {r["kv_cache_mode"] for r in rows}
     assert "warning: the worker on cpu died in group 48" in result.output
+    # --resume measures the dead worker's cell again (its row said nothing about the cell) and the rest of
+    # its group; the cells that finished are not measured twice. The report keeps the later row.
+    plugin.write_text(plugin.read_text().replace("os._exit(9)", "super()._store(start, k, v)"))
+    run(["audit", "--model", "dummy:tiny", "--quiet", "--modes", "fp16,crash,int8", "--contexts", "48",
+         "--gen-tokens", "2", "--plugin", str(plugin), "--devices", "cpu,cpu", "--out", str(out), "--resume"])  # fmt: skip
+    again = read(out / "audit.csv")[len(rows) :]
+    assert {r["kv_cache_mode"] for r in again} == {"crash", "int8"}, again
+    assert all(r["status"] != "error" for r in again)
+    assert not {r["cell"] for r in again} & {r["cell"] for r in rows if r["status"] != "error"}
