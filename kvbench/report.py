@@ -3014,10 +3014,15 @@ def _recommend(g: Group) -> list[str]:
 
 
 def _rel(path: Path, start: Path) -> str:
+    """`path` relative to `start`, or absolute where the two share no folder but the root (a report in the
+    repo of results under /tmp: a link that climbs to / and down again says less than the path itself)."""
+    path, start = Path(path).resolve(), Path(start).resolve()
     try:
-        return Path(os.path.relpath(Path(path).resolve(), Path(start).resolve())).as_posix()
+        if Path(os.path.commonpath([path, start])) == Path(path.anchor):
+            return path.as_posix()
+        return Path(os.path.relpath(path, start)).as_posix()
     except ValueError:  # another drive on Windows
-        return Path(path).resolve().as_posix()
+        return path.as_posix()
 
 
 def section_links(data: Results, out_dir: Path) -> str:

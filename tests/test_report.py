@@ -1325,3 +1325,14 @@ def test_quality_plot_hatches_failed_cells_and_the_method_names_the_sdpa_check(t
         text = render_report([write(tmp_path, audit=audit, bench=bench)]).read_text()
     assert hatched["report_quality.png"] == ["", "//"], hatched
     assert "`scripts/bench_kernels.py` times it against torch SDPA" in _section(text, "## Benchmark")
+
+
+def test_links_are_relative_within_a_tree_and_absolute_across_the_root(tmp_path):
+    """A raw-data link climbs only as far as the two paths' common folder; results and report that share
+    nothing but the root link by absolute path."""
+    from kvbench.report import _rel
+
+    assert _rel(tmp_path / "a/bench.csv", tmp_path / "b") == "../a/bench.csv"
+    assert _rel(tmp_path / "a/bench.csv", tmp_path / "a") == "bench.csv"
+    far = Path("/proc/self")  # under the root, beside tmp_path's tree
+    assert _rel(far / "status", tmp_path / "b") == (far / "status").resolve().as_posix()
