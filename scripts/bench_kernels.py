@@ -354,18 +354,22 @@ def bench_mode(name, b, length, dtype, device, cod, configs, append="none"):
     return results, nbytes
 
 
-def bench_sdpa(b, length, dtype, device, backend=None, pad=0):
+def bench_sdpa(b, length, dtype, device, backend=None, pad=0, grouped=False):
     """(us, KV bytes of the L tokens) of torch SDPA over a [B, Hkv, L, D] fp16 cache, under torch's
     own backend choice or `backend` (a `torch.nn.attention.SDPBackend`). `pad` > 0: over L + pad
     slots with a boolean mask hiding the last `pad`, as a CUDA graph that serves every step of a
-    growing cache would have to call it (its length lives on the device)."""
+    growing cache would have to call it (its length lives on the device). `grouped`: each KV head's
+    query heads as a query sequence [B, Hkv, G, D] (scripts/exp/fp16_sdpa.py), not `enable_gqa`."""
     nbytes = 2 * b * HKV * length * D * torch.finfo(dtype).bits // 8
     q = torch.randn(b, HQ, 1, D, device=device, dtype=dtype)
+    if grouped:
+        q = q.view(b, HKV, HQ // HKV, D)
     slots = length + pad
     kvs = [torch.randn(2, b, HKV, slots, D, device=device, dtype=dtype) for _ in range(copies_for(nbytes))]
     mask = (torch.arange(slots, device=device) < length).view(1, 1, 1, slots) if pad else None
     calls = [
-        lambda kv=kv: F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, enable_gqa=True) for kv in kvs
+        lambda kv=kv: F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, enable_gqa=not grouped)
+        for kv in kvs
     ]
     if backend is None:
         return time_graph(calls), nbytes
@@ -375,15 +379,15 @@ def bench_sdpa(b, length, dtype, device, backend=None, pad=0):
         return time_graph(calls), nbytes
 
 
-def sdpa_choice(b, length, dtype, device, pad=0):
+def sdpa_choice(b, length, dtype, device, pad=0, grouped=False):
     """The backend torch's SDPA dispatch picks for this shape (a private torch call; "?" where it is missing)."""
     from torch.nn.attention import SDPBackend
 
-    q = torch.empty(b, HQ, 1, D, device=device, dtype=dtype)
+    q = torch.empty(*((b, HKV, HQ // HKV) if grouped else (b, HQ, 1)), D, device=device, dtype=dtype)
     k = torch.empty(b, HKV, length + pad, D, device=device, dtype=dtype)
     mask = torch.ones(1, 1, 1, length + pad, dtype=torch.bool, device=device) if pad else None
     try:
-        choice = torch._fused_sdp_choice(q, k, k, mask, 0.0, False, scale=None, enable_gqa=True)
+        choice = torch._fused_sdp_choice(q, k, k, mask, 0.0, False, scale=None, enable_gqa=not grouped)
         return SDPBackend(choice).name
     except (AttributeError, RuntimeError, TypeError, ValueError) as exc:
         return f"? ({type(exc).__name__})"
@@ -391,7 +395,8 @@ def sdpa_choice(b, length, dtype, device, pad=0):
 
 def sdpa_backends(shapes, dtype, device, pad=64):
     """torch SDPA at each shape: its own choice, then each fused backend forced, unmasked and over `pad`
-    more slots behind a mask (what a captured step over a growing cache would call); rows for kernels.csv."""
+    more slots behind a mask (what a captured step over a growing cache would call), with `enable_gqa` and
+    with each KV head's query heads as a query sequence ("grouped"); rows for kernels.csv."""
     from torch.nn.attention import SDPBackend
 
     backends = [("auto", None)] + [
@@ -400,22 +405,24 @@ def sdpa_backends(shapes, dtype, device, pad=64):
         if hasattr(SDPBackend, name)
     ]
     rows = []
-    print(f"\n== torch SDPA per backend, one layer (us; masked: over L + {pad} slots, a boolean mask) ==")
-    print(f"{'batch':>5} {'context':>7} {'backend':19} {'plain':>8} {'masked':>8}  torch's choice (plain / masked)")
+    print(f"\n== torch SDPA per backend, one layer (us; masked, grouped: over L + {pad} slots, a boolean mask) ==")
+    print(
+        f"{'batch':>5} {'context':>7} {'backend':19} {'plain':>8} {'masked':>8} {'grouped':>8}  torch's choice (each)"
+    )
     for b, length in shapes:
-        picked = f"{sdpa_choice(b, length, dtype, device)} / {sdpa_choice(b, length, dtype, device, pad)}"
+        picked = " / ".join(sdpa_choice(b, length, dtype, device, p, g) for p, g in ((0, 0), (pad, 0), (pad, 1)))
         for name, backend in backends:
             cells = []
-            for p in (0, pad):
+            for label, p, grouped in (("plain", 0, False), ("masked", pad, False), ("grouped", pad, True)):
                 try:
-                    us, nbytes = bench_sdpa(b, length, dtype, device, backend, p)
+                    us, nbytes = bench_sdpa(b, length, dtype, device, backend, p, grouped)
                 except RuntimeError as exc:  # this backend does not take the shape (or the mask)
                     cells.append(f"{'-':>8}")
-                    print(f"        {name} {'masked' if p else 'plain'}: {str(exc).splitlines()[0][:160]}")
+                    print(f"        {name} {label}: {str(exc).splitlines()[0][:160]}")
                     continue
                 cells.append(f"{us:8.1f}")
-                label = f"torch-sdpa-{name}" + ("-masked" if p else "")
-                rows.append({"batch": b, "context": length, "kernel": label, "us": us, "kv_bytes": nbytes})
+                kernel = f"torch-sdpa-{name}" + ("" if label == "plain" else f"-{label}")
+                rows.append({"batch": b, "context": length, "kernel": kernel, "us": us, "kv_bytes": nbytes})
             print(f"{b:5} {length:7} {name:19} {' '.join(cells)}  {picked if name == 'auto' else ''}")
     return rows
 
@@ -505,6 +512,34 @@ def profile_parts(name, b, length, dtype, device, cod, reps=10, append="none"):
     return parts
 
 
+def write_csv(rows, final=False):
+    """$OUT/kernels.csv of the rows so far (rewritten after every shape, so a run cut short by a time
+    limit keeps what it timed); nothing without OUT."""
+    out_dir = os.environ.get("OUT")
+    if not out_dir:
+        return
+    path = Path(out_dir) / "kernels.csv"
+    fields = [
+        "batch",
+        "context",
+        "kernel",
+        "us",
+        "kv_bytes",
+        "tb_s",
+        "num_splits",
+        "block_n",
+        "num_warps",
+        "num_stages",
+    ]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "tb_s": r["kv_bytes"] / r["us"] / 1e6})
+    if final:
+        print(f"wrote {path}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tune", action="store_true", help="sweep num_splits x BLOCK_N x num_warps x num_stages")
@@ -544,7 +579,8 @@ def main():
     ap.add_argument(
         "--sdpa-backends",
         action="store_true",
-        help="also time torch SDPA under each fused backend, plain and over 64 more slots behind a mask",
+        help="also time torch SDPA under each fused backend: plain, over 64 more slots behind a mask, and masked "
+        "with each KV head's query heads as a query sequence (grouped; scripts/exp/fp16_sdpa.py's call)",
     )
     args = ap.parse_args()
     with programmatic_launch(args.pdl):
@@ -633,8 +669,10 @@ def run(args):
                     f"        top {len(top)}:",
                     "; ".join(f"{'/'.join(str(v) for k, v in c.items() if k != 'resources')} {t:.1f}" for c, t in top),
                 )
+        write_csv(rows)
     if args.sdpa_backends:
         rows += sdpa_backends(shapes, dtype, device)
+        write_csv(rows)
     print("\n== quantize-on-write of one decode token (K and V, all heads), one layer ==")
     for b in sorted({b for b, _ in shapes}):
         line = "  ".join(
@@ -645,27 +683,7 @@ def run(args):
             for block_r, warps in itertools.product((1, 2, 4), (1, 2)):
                 t = bench_write("turbo4", b, dtype, device, cod, block_r=block_r, num_warps=warps)
                 print(f"   turbo4 write block_r={block_r} num_warps={warps}: {t:.1f} us")
-    out_dir = os.environ.get("OUT")
-    if out_dir:
-        path = Path(out_dir) / "kernels.csv"
-        fields = [
-            "batch",
-            "context",
-            "kernel",
-            "us",
-            "kv_bytes",
-            "tb_s",
-            "num_splits",
-            "block_n",
-            "num_warps",
-            "num_stages",
-        ]
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-            w.writeheader()
-            for r in rows:
-                w.writerow({**r, "tb_s": r["kv_bytes"] / r["us"] / 1e6})
-        print(f"wrote {path}")
+    write_csv(rows, final=True)
 
 
 if __name__ == "__main__":

@@ -122,3 +122,36 @@ def test_pick_config_takes_the_fastest_timed_config_across_csvs(tmp_path):
     assert pick("fp16", "16", "8192", str(a), str(b))[0] == {}  # the default tied
     got, err = pick("fp16", "16", "32768", str(a), str(tmp_path / "none.csv"))
     assert got == {} and "none.csv missing" in err and "no timed fp16" in err
+
+
+def test_fp16_sdpa_plugin_decodes_as_fp16_does():
+    """scripts/exp/fp16_sdpa.py: the fused step over torch SDPA (a masked cache, the fresh token stored at the
+    device length) gives fp16's reference logits, token by token, and stores the same K/V."""
+    import torch
+
+    from kvbench.engine.generate import make_stepper, prefill, teacher_forced
+    from kvbench.engine.weights import load_model
+    from kvbench.kv import build_caches, registry
+
+    registry.load_plugin(ROOT / "scripts/exp/fp16_sdpa.py")
+    try:
+        lm = load_model("dummy:tiny", dtype=torch.float32, device="cpu")
+        g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+        ids, forced = torch.randint(0, 512, (2, 23), generator=g), torch.randint(0, 512, (2, 9), generator=g)
+        a, out = lm.args, {}
+        for mode, fused in (("fp16", False), ("fp16-sdpa", True)):
+            caches = build_caches(mode, n_layers=a.n_layers, batch=2, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,
+                                  dtype=torch.float32, device="cpu", capacity=40, kernel="triton")  # fmt: skip
+            first = prefill(lm.model, ids, caches, 16, None)
+            step = make_stepper(lm.model, caches, None, fused=fused, cuda_graphs=False)
+            out[mode] = teacher_forced(lm.model, first, caches, forced, None, step=step), caches
+        (want, ref), (got, caches) = out["fp16"], out["fp16-sdpa"]
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+        n = ref[0].live
+        assert caches[0].live == n == 23 + 9 - 1
+        for c, r in zip(caches, ref):
+            assert torch.allclose(c.buffers["k"][:, :, :n], r.buffers["k"][:, :, :n], atol=1e-5)
+            assert torch.allclose(c.buffers["v"][:, :, :n], r.buffers["v"][:, :, :n], atol=1e-5)
+    finally:
+        registry.MODES.pop("fp16-sdpa", None)
+        registry._ALIASES.pop("fp16-sdpa", None)
