@@ -41,7 +41,7 @@ class Session:
     def open(cls, cfg, job: str, log=print) -> Session:
         for plugin in cfg.plugin:
             added = registry.load_plugin(plugin)
-            log(f"plugin {plugin}: registered {', '.join(added) or 'no new modes'}")
+            log(f"plugin {plugin}: registered {', '.join(added) or 'no modes (no @register class in it)'}")
         from kvbench.peers import split_modes
 
         kv_modes, peers = split_modes(cfg.modes)

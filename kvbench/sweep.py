@@ -210,37 +210,50 @@ def run_sharded(
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    tasks, results = ctx.Queue(), ctx.Queue()
+    tasks = ctx.Queue()
     for g in groups:
         tasks.put(g)
     os.environ["KVBENCH_WORKERS"] = str(len(devices))
-    workers: dict[int, tuple] = {}
+    # One results queue per worker: a process that dies while its queue's feeder thread holds the write lock
+    # (os._exit, the OS's memory killer) leaves that lock taken for good; shared, it blocked every other worker
+    workers: dict[int, tuple] = {}  # id -> (process, device, its results queue)
     next_id = 0
 
     def spawn(device: str) -> None:
         nonlocal next_id
+        results = ctx.Queue()
         p = ctx.Process(target=_worker, args=(job, cfg, device, next_id, tasks, results, set(done)), daemon=True)
         p.start()
-        workers[next_id] = (p, device)
+        workers[next_id] = (p, device, results)
         next_id += 1
+
+    def next_message():
+        """The next message of any live worker, or None after ~0.5 s without one."""
+        for _ in range(25):
+            for _, _, results in list(workers.values()):
+                try:
+                    return results.get_nowait()
+                except queue_mod.Empty:
+                    continue
+            time.sleep(0.02)
+        return None
 
     for d in devices:
         spawn(d)
     rows: list[dict] = []
     current: dict[int, dict] = {}  # the cell each worker is in
-    groups_of: dict[int, object] = {}  # the group each worker is in
-    lost: list[tuple] = []  # (device, group) of the workers that died
+    groups_of: dict[int, object] = {}  # the group each worker is in (until its group_done)
+    lost: list[tuple] = []  # (device, group, whether a cell's error row says where) of the workers that died
     remaining = len(groups)
     finished = 0
     try:
         while remaining > 0 and workers:
-            try:
-                kind, wid, payload = results.get(timeout=1.0)
-            except queue_mod.Empty:
-                for wid, (p, device) in list(workers.items()):
+            message = next_message()
+            if message is None:
+                for wid, (p, device, _) in list(workers.items()):
                     if p.exitcode is not None and p.exitcode != 0:
                         workers.pop(wid)
-                        cell = current.pop(wid, None)
+                        cell, group = current.pop(wid, None), groups_of.pop(wid, None)
                         if cell is not None:
                             row = {
                                 **cell,
@@ -249,10 +262,12 @@ def run_sharded(
                             }
                             sink.row(row)
                             rows.append(row)
-                            remaining -= 1  # its group is lost with it; the others go on
-                            lost.append((device, groups_of.get(wid)))
+                        if group is not None:  # its group is lost with it; the others go on
+                            remaining -= 1
+                            lost.append((device, group, cell is not None))
                         spawn(device)
                 continue
+            kind, wid, payload = message
             if kind == "row":
                 sink.row(payload)
                 rows.append(payload)
@@ -264,6 +279,7 @@ def run_sharded(
             elif kind == "group":
                 groups_of[wid] = payload
             elif kind == "group_done":
+                groups_of.pop(wid, None)
                 remaining -= 1
                 finished += 1
             elif kind == "fatal":
@@ -272,13 +288,14 @@ def run_sharded(
         for _ in workers:
             tasks.put(None)
         deadline = time.time() + 5
-        for p, _ in workers.values():
+        for p, _, _ in workers.values():
             p.join(timeout=max(0.1, deadline - time.time()))
             if p.is_alive():
                 p.terminate()
-    for device, group in lost:  # the dead worker's other cells of that group have no row: say so, not nothing
+    for device, group, in_cell in lost:  # the dead worker's other cells of that group have no row: say so
+        where = "one error row says where" if in_cell else "between two of its cells"
         sys.stderr.write(
-            f"warning: the worker on {device} died in group {group}: one error row says where; that group's "
-            "cells after it have no row (the same command with --resume measures that cell again and the rest)\n"
+            f"warning: the worker on {device} died in group {group} ({where}); that group's cells after it have "
+            "no row (the same command with --resume measures them, and that cell again)\n"
         )
     return rows

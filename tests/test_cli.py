@@ -281,6 +281,29 @@ def test_modes_lists_a_plugins_modes(tmp_path):
     assert missing.exit_code != 0 and "plugin file not found" in missing.output
 
 
+def test_a_plugin_runs_once_per_command_and_its_modes_are_named(tmp_path):
+    """The CLI checks the options (loading the plugin), then opens the run: the file ran twice and the run
+    said it "registered no new modes". Now it runs once, and the run names what it registered."""
+    from kvbench.kv import registry
+
+    own = tmp_path / "once.py"
+    own.write_text(
+        "print('PLUGIN-RAN')\nfrom kvbench.kv.registry import register\nfrom kvbench.kv.int8 import Int8Cache\n\n"
+        "@register\nclass Mine(Int8Cache):\n    name = 'once-int8'\n    aliases = ()\n"
+    )
+    try:
+        result = run(["audit", "--model", "dummy:tiny", "--contexts", "48", "--gen-tokens", "2", "--modes",
+                      "once-int8", "--plugin", str(own), "--out", str(tmp_path / "o")])  # fmt: skip
+        assert result.output.count("PLUGIN-RAN") == 1, result.output
+        assert f"plugin {own}: registered once-int8" in " ".join(result.output.split())
+        own.write_text(own.read_text().replace("PLUGIN-RAN", "PLUGIN-EDITED"))  # a changed file runs again
+        assert registry.load_plugin(own) == ["once-int8"]
+        assert registry.get("once-int8").__module__ == "kvbench_plugin_once"
+    finally:
+        registry.MODES.pop("once-int8", None)
+        registry._ALIASES.pop("once-int8", None)
+
+
 @pytest.mark.parametrize(
     "args",
     [

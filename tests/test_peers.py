@@ -309,3 +309,18 @@ def test_fp8_peer(folder_model):
     if peers.available_peers()["hf:fp8"]:
         pytest.skip(peers.available_peers()["hf:fp8"])
     _quantized_close(hf, lm, "hf:fp8")
+
+
+def test_a_config_that_does_not_fit_the_weights_is_one_line(tmp_path):
+    """config.json whose sizes disagree with the safetensors (an edited or mixed-up folder): one line naming
+    the tensor and both shapes, not load_state_dict's many-line error."""
+    import json
+
+    folder = save_folder(tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["intermediate_size"] = 2 * cfg["intermediate_size"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(KvbenchError, match=r"weights do not fit the model's config: layers\.0\.ffn\.w13\.weight "
+                       r"is \[192, 64\], the config makes it \[384, 64\] \(and \d+ more\)") as exc:  # fmt: skip
+        load_model(str(folder), dtype=torch.float32, device="cpu")
+    assert "\n" not in str(exc.value)

@@ -268,6 +268,7 @@ def test_a_worker_that_dies_leaves_a_row_and_a_warning(tmp_path):
     assert [r["kv_cache_mode"] for r in died] == ["crash"] and "died (exit code 9)" in died[0]["notes"]
     assert "int8" not in {r["kv_cache_mode"] for r in rows}
     assert "warning: the worker on cpu died in group 48" in result.output
+    assert "(one error row says where)" in result.output
     # --resume measures the dead worker's cell again (its row said nothing about the cell) and the rest of
     # its group; the cells that finished are not measured twice. The report keeps the later row.
     plugin.write_text(plugin.read_text().replace("os._exit(9)", "super()._store(start, k, v)"))
@@ -277,3 +278,41 @@ def test_a_worker_that_dies_leaves_a_row_and_a_warning(tmp_path):
     assert {r["kv_cache_mode"] for r in again} == {"crash", "int8"}, again
     assert all(r["status"] != "error" for r in again)
     assert not {r["cell"] for r in again} & {r["cell"] for r in rows if r["status"] != "error"}
+
+
+def test_a_worker_that_dies_holding_its_queue_lock_blocks_no_other(tmp_path):
+    """A worker killed while its results queue's feeder thread held the queue's write lock (here taken on
+    purpose before os._exit) left that lock taken for good; with one queue for every worker, the others then
+    blocked on their next row and the run hung. Each worker now has its own queue: group 64 finishes."""
+    plugin, marker = tmp_path / "crashlock.py", tmp_path / "died"
+    plugin.write_text(
+        "import gc, os, time, multiprocessing.queues\nfrom kvbench.kv.registry import register\n"
+        "from kvbench.kv.int8 import Int8Cache\n\n"
+        "@register\nclass CrashLock(Int8Cache):\n    name = 'crashlock'\n    aliases = ()\n\n"
+        "    def _store(self, start, k, v):\n"
+        "        if start == 0 and k.shape[2] == 48:  # context 48: die holding the lock\n"
+        "            for q in gc.get_objects():  # the queues this worker wrote to: its results\n"
+        "                if isinstance(q, multiprocessing.queues.Queue) and q._thread is not None:\n"
+        "                    q._wlock.acquire()\n"
+        f"            open({str(marker)!r}, 'w').close()\n"
+        "            os._exit(9)\n"
+        "        for _ in range(600):  # context 64 goes on only after that, whichever worker runs it\n"
+        f"            if os.path.exists({str(marker)!r}):\n"
+        "                break\n"
+        "            time.sleep(0.1)\n"
+        "        super()._store(start, k, v)\n"
+    )
+    out = tmp_path / "o"
+    args = [sys.executable, "-m", "kvbench", "audit", "--model", "dummy:tiny", "--quiet", "--modes",
+            "fp16,crashlock", "--contexts", "48,64", "--gen-tokens", "2", "--plugin", str(plugin), "--devices",
+            "cpu,cpu", "--out", str(out)]  # fmt: skip
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the sharded run hung after a worker died holding its queue's lock")
+    rows = read(out / "audit.csv")
+    assert any(r["status"] == "error" and r["context_tokens"] == "48" for r in rows), done.stderr
+    assert {r["kv_cache_mode"] for r in rows if r["context_tokens"] == "64" and r["status"] == "ok"} >= {
+        "fp16",
+        "crashlock",
+    }, rows

@@ -250,7 +250,9 @@ def _read_safetensors(folder: Path) -> tuple[dict[str, torch.Tensor], list[Path]
 
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise KvbenchError(f"no *.safetensors weights in {folder}")
+        other = sorted(f.name for f in folder.glob("*") if f.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        hint = f" ({other[0]} is not read: save the model with safetensors)" if other else ""
+        raise KvbenchError(f"no *.safetensors weights in {folder}{hint}")
     sd: dict[str, torch.Tensor] = {}
     for f in files:
         try:
@@ -276,6 +278,14 @@ def _build(args: ModelArgs, sd: dict[str, torch.Tensor] | None, device, dtype, s
         return model.eval()
     with torch.device("meta"):
         model = Transformer(args)
+    want = model.state_dict()
+    bad = [(k, tuple(v.shape), tuple(want[k].shape)) for k, v in sd.items() if k in want and v.shape != want[k].shape]
+    if bad:  # load_state_dict's own error is a many-line traceback
+        k, got, expect = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise KvbenchError(
+            f"weights do not fit the model's config: {k} is {list(got)}, the config makes it {list(expect)}{more}"
+        )
     sd = {k: v.to(device=device, dtype=dtype) for k, v in sd.items()}
     missing, unexpected = model.load_state_dict(sd, strict=False, assign=True)
     if unexpected or missing:

@@ -82,12 +82,24 @@ def parse_modes(spec: str | list[str] | None) -> list[str]:
 PLUGIN_PREFIX = "kvbench_plugin_"  # the module name a plugin file is imported under, before its stem
 
 
+_LOADED: dict[Path, tuple[bytes, list[str]]] = {}  # plugin file -> (its source, the modes it registered)
+
+
 def load_plugin(path: str | Path) -> list[str]:
-    """Import a user's Python file so its `@register`ed modes join the registry."""
+    """Import a user's Python file so its `@register`ed modes join the registry; returns the names of the
+    modes the file defines. A file already loaded, unchanged, with its modes still registered, is not run
+    again (the CLI checks the options, then opens the run: a plugin's side effects happen once)."""
     _ensure_builtin()
     p = Path(path)
     if not p.is_file():
         raise KvbenchError(f"plugin file not found: {p}")
+    try:
+        source = p.read_bytes()
+    except OSError as exc:
+        raise KvbenchError(f"plugin {p}: cannot read it: {exc.strerror or exc}") from None
+    seen = _LOADED.get(p.resolve())
+    if seen and seen[0] == source and all(m in MODES for m in seen[1]):
+        return list(seen[1])
     before, aliases_before = dict(MODES), dict(_ALIASES)
     mod_name = f"{PLUGIN_PREFIX}{p.stem}"
     spec = importlib.util.spec_from_file_location(mod_name, p)
@@ -112,7 +124,9 @@ def load_plugin(path: str | Path) -> list[str]:
         _ALIASES.update(aliases_before)
         names = ", ".join(sorted(set(taken)))
         raise KvbenchError(f"plugin {p} registers a mode name that is taken ({names}); give its class another `name`")
-    return [m for m in MODES if m not in before]
+    names = [m for m, cls in MODES.items() if cls.__module__ == mod_name]
+    _LOADED[p.resolve()] = (source, names)
+    return names
 
 
 @dataclass
