@@ -85,11 +85,24 @@ Out = Annotated[
     typer.Option("--out", "-o", help="Results folder. \\[default: results/<date>-<device>]", show_default=False),
 ]
 ConfigFile = Annotated[
-    str | None,
+    list[str] | None,  # a list only to refuse a second --config (click keeps the last in silence)
     typer.Option(
-        "--config", help="TOML file describing the sweep; command-line options override it.", show_default=False
+        "--config",
+        help="TOML file describing the sweep; command-line options override it.",
+        show_default=False,
+        metavar="FILE",
     ),
 ]
+
+
+def _one_config(config: list[str] | None) -> str | None:
+    if config and len(config) > 1:
+        raise KvbenchError(
+            f"--config given {len(config)} times: one file per run (its [common] table holds shared keys)"
+        )
+    return config[0] if config else None
+
+
 Device = Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or auto. \\[default: auto]", show_default=False)]
 Dtype = Annotated[
     str | None,
@@ -133,7 +146,7 @@ NoFallback = Annotated[
 ]
 Plugin = Annotated[
     list[str] | None,
-    typer.Option(help="Python file that registers extra KV modes (repeatable).", show_default=False),
+    typer.Option(help="Python file that registers extra KV modes (repeatable).", show_default=False, metavar="FILE"),
 ]
 MaxKv = Annotated[
     int | None,
@@ -542,7 +555,7 @@ def audit(
     cli = _common(**{k: v for k, v in locals().items() if k not in ("config", "kv_cap_check", "niah_depths")})
     cli["kv_caps"] = config_mod.parse_int_list(kv_cap_check, "kv-cap-check")
     cli["niah_depths"] = config_mod.parse_float_list(niah_depths, "niah-depths")
-    _run("audit", config_mod.build_config("audit", config, cli))
+    _run("audit", config_mod.build_config("audit", _one_config(config), cli))
 
 
 @app.command("decode-bench", no_args_is_help=False)
@@ -625,7 +638,7 @@ def decode_bench(
     """
     cli = _common(**{k: v for k, v in locals().items() if k not in ("config", "batch")})
     cli["batch"] = config_mod.parse_int_list(batch, "batch")
-    _run("decode-bench", config_mod.build_config("decode-bench", config, cli))
+    _run("decode-bench", config_mod.build_config("decode-bench", _one_config(config), cli))
 
 
 @app.command(no_args_is_help=False)
@@ -722,6 +735,8 @@ def plan(
     if not out.strip():  # the jobs would write to /<cell>
         raise KvbenchError("plan: --out is empty: name the parent folder of the per-job result folders")
     cfg = config_mod.build_config(job, config, {})
+    # absolute paths: each command runs wherever the scheduler starts it
+    config, out = str(Path(config).resolve()), str(Path(out).resolve())
     contexts = cfg.contexts or [2048, 8192, 32768]
     if not cfg.contexts:  # the jobs are meant for GPU nodes (the Slurm script asks for one): their default set
         planned = ", ".join(f"{c // 1024}K" for c in contexts)

@@ -128,6 +128,18 @@ def read_utf8(p: Path) -> str:
         raise KvbenchError(f"{p} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})") from None
 
 
+FILE_FIELDS = ("plugin", "prompt_file")  # paths a config file names, read relative to the file's folder
+
+
+def _beside(config: Path, value):
+    """A relative path (or list of them) in `config`, taken from the config's folder."""
+    if isinstance(value, list):
+        return [_beside(config, v) for v in value]
+    if not isinstance(value, str) or not value or Path(value).is_absolute():
+        return value
+    return str(config.parent / value)
+
+
 def load_toml(path: str | Path, job: str, origins: dict | None = None) -> dict:
     """Read `[common]` plus the job's table (`[audit]` or `[decode-bench]`, which wins) from a file.
 
@@ -145,10 +157,14 @@ def load_toml(path: str | Path, job: str, origins: dict | None = None) -> dict:
     types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
     known_tables = {"common", *JOB_CONFIGS}
     for table, values in data.items():
+        if not isinstance(values, dict):  # `model = "x"` above the first table
+            raise KvbenchError(
+                f"{p}: '{table}' is a key outside any table; put it under [common], [audit] or [decode-bench]"
+            )
         if table not in known_tables:
             raise KvbenchError(f"{p}: unknown table [{table}] (expected {', '.join(sorted(known_tables))})")
-        if not isinstance(values, dict):
-            raise KvbenchError(f"{p}: '{table}' must be a table")
+    # [common] is shared by both jobs: a key only the other job knows (decode-bench's `batch`) is not this one's
+    other = {f.name for c in JOB_CONFIGS.values() for f in dataclasses.fields(c)} - set(types)
     out: dict = {}
     for table in ("common", job):  # in this order whatever the file's: the job's table overrides [common]
         seen: dict[str, str] = {}  # field -> the key that set it in this table
@@ -156,6 +172,8 @@ def load_toml(path: str | Path, job: str, origins: dict | None = None) -> dict:
             field_name, inverted = ALIASES.get(key.replace("-", "_"), (key.replace("-", "_"), False))
             if field_name not in types and JOB_SPELLINGS.get(field_name) in types:
                 field_name = JOB_SPELLINGS[field_name]
+            if field_name not in types and table == "common" and field_name in other:
+                continue
             if field_name not in types:
                 known = sorted([*types, *(a for a, (f, _) in ALIASES.items() if f in types)])
                 raise KvbenchError(f"{p}: unknown key '{key}' in [{table}] (known: {', '.join(known)})")
@@ -163,6 +181,8 @@ def load_toml(path: str | Path, job: str, origins: dict | None = None) -> dict:
                 raise KvbenchError(f"{p} [{table}]: '{seen[field_name]}' and '{key}' set the same option; keep one")
             seen[field_name] = key
             value = _check_type(key, value, "bool" if inverted else types[field_name], f"{p} [{table}]")
+            if field_name in FILE_FIELDS:  # files the config names are found beside it, as it was written
+                value = _beside(p, value)
             out[field_name] = not value if inverted else value
             if origins is not None:
                 origins[field_name] = f"{p}: {key}"

@@ -63,6 +63,13 @@ class Session:
         out_dir = Path(cfg.out) if cfg.out else results.default_out_dir(device)
         results.check_out_dir(out_dir)  # before the model loads: a bad --out fails in a second
         lm = load_model(cfg.model, device=device, dtype=dtype, progress=log)
+        if lm.tokenizer_error:  # a model folder whose tokenizer is missing or broken
+            if job == "audit":
+                raise KvbenchError(
+                    f"{lm.source}: no usable tokenizer ({lm.tokenizer_error}); the audit decodes text: add the "
+                    "tokenizer files (decode-bench runs without them, on random token ids)"
+                )
+            log(f"[yellow]warning: {lm.source}: no usable tokenizer; the prompts are random token ids[/yellow]")
         self = cls(
             cfg=cfg,
             job=job,

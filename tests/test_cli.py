@@ -120,6 +120,10 @@ def test_sparse_v_rows_and_report(tmp_path):
         (["audit", "--model", "dummy:tiny", "--sparse-v-threshold", "-0.1"], "--sparse-v-threshold: "),
         (["report", "/nonexistent/dir"], "results folder not found"),
         (["report", "/nonexistent/dir", "--out", ""], "--out: is empty"),  # Path("") was ./report.md
+        (  # click kept the last --config in silence: the first file's settings were dropped
+            ["audit", "--config", str(REPO / "configs/ci-tiny.toml"), "--config", str(REPO / "configs/default.toml")],
+            "^error: --config given 2 times",
+        ),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--modes", ""], "--modes: needs at least one mode"),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--modes", ","], "needs at least one mode"),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--yarn", "bogus"], "--yarn: 'bogus'"),

@@ -178,3 +178,31 @@ def test_errors_name_the_file_and_key_or_the_option(tmp_path, monkeypatch, capsy
     cfg = write(tmp_path / "d.toml", "[decode-bench]\nrepeats = 0\n")
     with pytest.raises(KvbenchError, match=r"^.*d\.toml: repeats: must be >= 1$"):
         build_config("decode-bench", cfg, {})
+
+
+def test_common_holds_either_jobs_keys_and_a_key_outside_a_table_says_so(tmp_path):
+    """One sweep file for both jobs: [common] may hold a key only one of them knows (the other skips it);
+    a key above the first table is named as such, not as an unknown table; a typo in [common] still fails."""
+    text = '[common]\nmodel = "dummy:tiny"\nbatch = [1, 2]\nppl = true\n'
+    path = write(tmp_path / "c.toml", text)
+    assert build_config("audit", path, {}).ppl is True
+    assert build_config("decode-bench", path, {}).batch == [1, 2]
+    with pytest.raises(KvbenchError, match=r"'model' is a key outside any table; put it under \[common\]"):
+        build_config("audit", write(tmp_path / "top.toml", 'model = "dummy:tiny"\n[common]\nppl = true\n'), {})
+    with pytest.raises(KvbenchError, match=r"unknown key 'bacth' in \[common\]"):
+        build_config("audit", write(tmp_path / "typo.toml", "[common]\nbacth = [1]\n"), {})
+    with pytest.raises(KvbenchError, match=r"unknown key 'batch' in \[audit\]"):  # the job's own table: its keys
+        build_config("audit", write(tmp_path / "job.toml", "[audit]\nbatch = [1]\n"), {})
+
+
+def test_files_a_config_names_are_read_beside_it(tmp_path, monkeypatch):
+    """`plugin` and `prompt_file` in a config are relative to the config's folder (where its author put
+    them), whatever folder the command runs from; absolute paths stay as written."""
+    sub = tmp_path / "sweep"
+    sub.mkdir()
+    (sub / "text.txt").write_text("Some words. " * 50)
+    path = write(sub / "c.toml", '[common]\nmodel = "dummy:tiny"\n[audit]\nprompt_file = "text.txt"\n')
+    monkeypatch.chdir(tmp_path)
+    assert build_config("audit", str(path), {}).prompt_file == str(sub / "text.txt")
+    absolute = write(sub / "abs.toml", f'[audit]\nprompt_file = "{sub / "text.txt"}"\n')
+    assert build_config("audit", str(absolute), {}).prompt_file == str(sub / "text.txt")

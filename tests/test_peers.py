@@ -324,3 +324,23 @@ def test_a_config_that_does_not_fit_the_weights_is_one_line(tmp_path):
                        r"is \[192, 64\], the config makes it \[384, 64\] \(and \d+ more\)") as exc:  # fmt: skip
         load_model(str(folder), dtype=torch.float32, device="cpu")
     assert "\n" not in str(exc.value)
+
+
+def test_a_model_folder_without_a_tokenizer(tmp_path):
+    """A real model folder whose tokenizer is missing: the audit (which decodes text) refuses it in one line
+    instead of auditing random token ids; decode-bench runs and says its prompts are random ids."""
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    folder = save_folder(tmp_path / "m")
+    runner = CliRunner()
+    common = ["--model", str(folder), "--contexts", "32", "--modes", "int8"]
+    audit = runner.invoke(app, ["audit", *common, "--gen-tokens", "2", "--out", str(tmp_path / "a")])
+    assert audit.exit_code == 2, audit.output
+    assert "no usable tokenizer" in audit.output and "the audit decodes text" in audit.output
+    assert not (tmp_path / "a").exists()
+    bench = runner.invoke(app, ["decode-bench", *common, "--gen", "2", "--warmup", "1", "--repeats", "1",
+                                "--out", str(tmp_path / "b")])  # fmt: skip
+    assert bench.exit_code == 0, bench.output
+    assert "no usable tokenizer; the prompts are random token ids" in " ".join(bench.output.split())

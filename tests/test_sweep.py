@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -225,6 +226,9 @@ def test_plan_emits_one_command_per_group(tmp_path):
     result = run(["plan", "decode-bench", "--config", "configs/ci-tiny.toml", "--out", str(out)])
     lines = [x for x in result.output.splitlines() if x.startswith("kvbench")]
     assert len(lines) >= 2 and all("--resume" in x for x in lines)
+    # absolute paths: a scheduler starts each command in a folder of its own choosing
+    config = (Path.cwd() / "configs/ci-tiny.toml").resolve()
+    assert all(f"--config {config} " in x and f"--out {out.resolve()}/ctx" in x for x in lines), lines
 
 
 def test_plan_says_which_contexts_it_assumed(tmp_path):

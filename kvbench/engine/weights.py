@@ -49,6 +49,7 @@ class LoadedModel:
     synthetic: bool
     source: str
     notes: list[str] = field(default_factory=list)
+    tokenizer_error: str = ""  # why a model folder's tokenizer did not load ("" where it did, or for dummy models)
 
     @property
     def model_type(self) -> str:
@@ -359,7 +360,7 @@ def _load_hf_folder(folder: Path, device, dtype, *, model_id: str, weights_hash:
     args = ModelArgs.from_hf(cfg)
     sd, files = _read_safetensors(folder)
     model = _build(args, hf_to_kvbench(sd, args), device, dtype)
-    tokenizer = None
+    tokenizer, tokenizer_error = None, ""
     notes = []
     try:
         from transformers import AutoTokenizer
@@ -367,6 +368,7 @@ def _load_hf_folder(folder: Path, device, dtype, *, model_id: str, weights_hash:
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
     except Exception as exc:  # a folder without a tokenizer can still be benchmarked
         notes.append(f"no tokenizer ({type(exc).__name__}); synthetic prompts")
+        tokenizer_error = one_line(exc)
     return LoadedModel(
         model,
         tokenizer,
@@ -376,6 +378,7 @@ def _load_hf_folder(folder: Path, device, dtype, *, model_id: str, weights_hash:
         tokenizer is None,
         str(folder),
         notes,
+        tokenizer_error,
     )
 
 
