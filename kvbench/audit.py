@@ -122,7 +122,10 @@ class AuditJob:
             raise KvbenchError(f"--prompt-file: {exc}") from None
         if self.s.lm.tokenizer is None:
             raise KvbenchError("--prompt-file needs a model with a tokenizer")
-        return self.s.lm.tokenizer(text, add_special_tokens=False).input_ids
+        ids = self.s.lm.tokenizer(text, add_special_tokens=False).input_ids
+        if not ids:
+            raise KvbenchError(f"--prompt-file: {self.cfg.prompt_file} holds no text")
+        return ids
 
     def natural_length(self) -> int:
         pre, post = prompts._chat_parts(self.s.lm.tokenizer, self.question)
@@ -133,7 +136,12 @@ class AuditJob:
         if lm.tokenizer is None:
             ids = prompts.synthetic_prompt(lm.args.vocab_size, context)
         else:
-            ids = prompts.build_prompt(lm.tokenizer, context, question=self.question, passage_ids=self._passage)
+            try:
+                ids = prompts.build_prompt(lm.tokenizer, context, question=self.question, passage_ids=self._passage)
+            except KvbenchError as exc:
+                if self._passage is None:
+                    raise
+                raise KvbenchError(f"--prompt-file {self.cfg.prompt_file}: {exc}") from None
         return ids.to(self.s.device)
 
     def decode_text(self, tokens: list[int]) -> str:

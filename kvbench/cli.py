@@ -20,6 +20,7 @@ from kvbench.errors import KvbenchError
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
     rich_markup_mode="rich",
     help=(
         "Audit and benchmark quantized KV caches.\n\n"
@@ -258,8 +259,8 @@ def friendly(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except KvbenchError as exc:
-            typer.echo(f"error: {exc}", err=True)
+        except KvbenchError as exc:  # one line, whatever a library's message under it holds
+            typer.echo(f"error: {' '.join(str(exc).split())}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:  # before the sweep started (model load) or after it: say so, exit 130
             typer.echo("interrupted", err=True)
@@ -310,8 +311,6 @@ def _run(job: str, cfg) -> None:
     if devices:
         cfg.device = devices[0]
     session = Session.open(cfg, job, log=lambda m: console.print(m))
-    for note in session.notes:
-        console.print(f"[dim]{note}[/dim]")
     stem, columns = _job_files(job)
     writer = session.writer(stem, columns)
     sweep = _open_sweep(writer, cfg, session.base_row["kvbench_version"], session.lm.weights_hash)
@@ -324,6 +323,8 @@ def _run(job: str, cfg) -> None:
     runner = Job(session, None, sweep)
     if hasattr(runner, "preflight"):  # inputs that cannot work: one line before any bar or cell
         runner.preflight()
+    for note in session.notes:  # after the checks above, so that an error is the only line
+        console.print(f"[dim]{note}[/dim]")
     try:
         with Progress(0, cfg.quiet, console) as progress:
             runner.p = progress
@@ -468,7 +469,14 @@ def audit(
             show_default=False,
         ),
     ] = None,
-    question: Annotated[str | None, typer.Option(help="Question that ends the prompt.", show_default=False)] = None,
+    question: Annotated[
+        str | None,
+        typer.Option(
+            help="Question that ends the prompt. \\[default: 'Who are the main characters in the passage above, "
+            "and what happens to them?']",
+            show_default=False,
+        ),
+    ] = None,
     prompt_file: Annotated[
         str | None, typer.Option(help="Use this text instead of the bundled novel.", show_default=False)
     ] = None,
@@ -724,7 +732,13 @@ def plan(
     """Split a sweep into self-contained commands for a cluster scheduler (Slurm array, Ray, any job runner).
 
     Each line runs one group of cells (a context; for decode-bench a context and a batch size) into
-    its own results folder; `kvbench report OUT/*/` merges them afterwards.
+    its own results folder, with absolute paths; `kvbench report OUT/*/` merges them afterwards.
+
+    [bold]Examples[/bold]
+
+      kvbench plan decode-bench --config configs/ci-tiny.toml --out sweep
+
+      kvbench plan audit --config configs/default.toml -o sweep --file jobs.txt
     """
     import shlex
 

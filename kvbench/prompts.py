@@ -60,7 +60,10 @@ def build_prompt(
     body = text_ids(tokenizer) if passage_ids is None else passage_ids
     if start + room > len(body):
         if passage_ids is not None:
-            raise KvbenchError(f"the prompt file has {len(body)} tokens; context {n_tokens} needs {room} of text")
+            raise KvbenchError(
+                f"the prompt file has {len(body)} tokens of text; context {n_tokens} needs {room} (a context of at "
+                f"most {len(body) + n_tokens - room} fits it, or give a longer file)"
+            )
         reps = -(-(start + room) // len(body))
         body = body * reps  # the novel is ~220K tokens; longer contexts reuse it
     return torch.tensor([pre + body[start : start + room] + post], dtype=torch.long)

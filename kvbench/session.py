@@ -54,7 +54,10 @@ class Session:
         kernel = pick_kernel(cfg.kernel, device)
         notes = []
         contexts = cfg.contexts
-        if contexts is None:
+        if contexts is None and job == "audit" and cfg.prompt_file:  # the audit sets it from the file
+            contexts = []
+            notes.append("context: the prompt file's own length (--contexts cuts it to given lengths)")
+        elif contexts is None:
             if device.type == "cuda":
                 contexts = [2048, 8192, 32768]
             else:

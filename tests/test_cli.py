@@ -216,6 +216,10 @@ def test_help_teaches_every_option():
         text = run([cmd, "--help"]).output
         for opt in ("--no-cuda-graphs", "--no-pdl", "--no-gemv-kernel"):
             assert opt in text, (cmd, opt)
+    from kvbench.prompts import DEFAULT_QUESTION
+
+    audit = " ".join(runner.invoke(app, ["audit", "-h"], env={"COLUMNS": "300"}).output.split())
+    assert f"[default: '{DEFAULT_QUESTION}']" in audit  # -h as --help; the question a prompt ends in, by default
 
 
 def test_help_prose_wraps_to_the_terminal_and_examples_fit_80_columns():
@@ -224,7 +228,7 @@ def test_help_prose_wraps_to_the_terminal_and_examples_fit_80_columns():
     assert "over --repeats windows of --gen tokens. Ratios vs fp16" in wide
     top = runner.invoke(app, ["--help"], env={"COLUMNS": "300"}).output
     assert re.search(r"^ kvbench audit +which modes run", top, re.M), top
-    for cmd in ("audit", "decode-bench", "report"):
+    for cmd in ("audit", "decode-bench", "report", "plan"):
         narrow = runner.invoke(app, [cmd, "--help"], env={"COLUMNS": "80"}).output.splitlines()
         examples = [line for line in narrow if line.startswith("   kvbench ")]
         assert examples, cmd
@@ -797,3 +801,33 @@ def test_a_run_whose_every_cell_failed_exits_nonzero(tmp_path, monkeypatch):
     assert "every cell of this run failed" in result.output
     rows = read(out / "bench.csv")
     assert rows and all(r["status"] == "error" for r in rows)
+
+
+def test_prompt_file_errors_name_the_file_and_the_fix(tmp_path, capsys, monkeypatch):
+    """An empty prompt file, or one too short for --contexts, is one line naming the file (and the context
+    that would fit); without --contexts the run says it takes the file's own length (not the CPU default)."""
+    import sys
+
+    empty, short = tmp_path / "empty.txt", tmp_path / "short.txt"
+    empty.write_text("")
+    short.write_text("Emma Woodhouse, handsome, clever, and rich.")
+
+    def fails(*args):
+        out = tmp_path / "out"
+        monkeypatch.setattr(sys, "argv", ["kvbench", "audit", "--modes", "int8", "--gen-tokens", "2", *args,
+                                          "--out", str(out)])  # fmt: skip
+        with pytest.raises(SystemExit) as exc:
+            main()
+        err = capsys.readouterr().err.strip()
+        assert exc.value.code == 2 and "\n" not in err and not out.exists(), err
+        return err
+
+    assert fails("--prompt-file", str(empty)) == f"error: --prompt-file: {empty} holds no text"
+    err = fails("--prompt-file", str(short), "--contexts", "300")
+    assert err.startswith(f"error: --prompt-file {short}: the prompt file has ") and "a context of at most" in err
+    at_most = int(re.search(r"at most (\d+)", err).group(1))
+    result = run(["audit", "--modes", "int8", "--gen-tokens", "2", "--prompt-file", str(short),
+                  "--out", str(tmp_path / "ok")])  # fmt: skip
+    assert "the prompt file's own length" in result.output and "CPU default contexts" not in result.output
+    rows = list(csv.DictReader((tmp_path / "ok" / "audit.csv").read_text().splitlines()))
+    assert {int(r["context_tokens"]) for r in rows} == {at_most}  # the file's own length is the longest that fits

@@ -344,3 +344,22 @@ def test_a_model_folder_without_a_tokenizer(tmp_path):
                                 "--out", str(tmp_path / "b")])  # fmt: skip
     assert bench.exit_code == 0, bench.output
     assert "no usable tokenizer; the prompts are random token ids" in " ".join(bench.output.split())
+
+
+def test_a_config_transformers_rejects_is_one_line(tmp_path):
+    """transformers' own config checks raise many-line messages (a class validation error, then the reason):
+    the CLI prints them as one line."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    folder = save_folder(tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["num_attention_heads"] = 5  # 64 is not a multiple of 5
+    (folder / "config.json").write_text(json.dumps(cfg))
+    result = CliRunner().invoke(app, ["decode-bench", "--model", str(folder), "--contexts", "32"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output

@@ -356,7 +356,7 @@ def _load_hf_folder(folder: Path, device, dtype, *, model_id: str, weights_hash:
     try:
         cfg = AutoConfig.from_pretrained(str(folder))
     except Exception as exc:
-        raise KvbenchError(f"cannot read the config in {folder}: {exc}") from exc
+        raise KvbenchError(f"cannot read the config in {folder}: {one_line(exc)}") from exc
     args = ModelArgs.from_hf(cfg)
     sd, files = _read_safetensors(folder)
     model = _build(args, hf_to_kvbench(sd, args), device, dtype)
