@@ -67,6 +67,7 @@ class AuditJob:
             session.lm.weights_hash, session.base_row["dtype"], c.kernel, c.prefill_chunk, c.boundary_v,
             c.no_fallback, c.yarn, c.gen_tokens, c.near_tie_margin, c.question, c.prompt_file, c.max_kv_size, c.keep,
             *([c.sparse_v_threshold] if c.sparse_v_threshold else []),  # (keys of dense runs as before it existed)
+            *filter(None, [session.prompt_digest()]),  # the prompt file's contents (keys without one as before)
         )  # fmt: skip
         self._ref_tokens = None  # fp16's greedy tokens at the current context (peers are forced on them)
         self._shared_prefill = None  # (prompt, per-layer fresh K/V, last logits) of a one-chunk prompt
@@ -90,7 +91,7 @@ class AuditJob:
 
     def cell_key(self, mode: str, ctx: int, check: str, cap: KVCap | None = None, extra="") -> str:
         capk = f"{cap.max_size}/{cap.keep}" if cap else ""
-        return key("audit", check, mode, ctx, capk, extra, self.params)
+        return key("audit", check, mode, ctx, capk, extra, self.params, *filter(None, [self.s.mode_digest(mode)]))
 
     def group_keys(self, ctx: int) -> list[str]:
         keys = [self.cell_key(p, ctx, "greedy", self._cap()) for p in self.s.peers]

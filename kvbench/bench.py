@@ -63,7 +63,7 @@ class BenchJob:
         return out + ([("capacity", max(self.s.contexts))] if self.cfg.capacity else [])
 
     def cell_key(self, mode: str, ctx: int, batch) -> str:
-        return key("bench", mode, ctx, batch, self.params)
+        return key("bench", mode, ctx, batch, self.params, *filter(None, [self.s.mode_digest(mode)]))
 
     def n_cells(self) -> int:
         n = len(self.s.contexts) * len(self.cfg.batch) * (len(self.s.modes) + len(self.s.peers))
@@ -170,7 +170,7 @@ class BenchJob:
     def _capacity_group(self, ctx: int) -> None:
         rope_note = fit_context(self.s.lm, ctx, self.cfg.yarn)
         for mode in self.s.modes:
-            cell = key("bench-capacity", mode, ctx, self.params)
+            cell = key("bench-capacity", mode, ctx, self.params, *filter(None, [self.s.mode_digest(mode)]))
             if not self.sweep.is_done(cell):
                 for r in self._capacity(mode, ctx, rope_note):
                     self.sweep.emit({**r, "cell": cell})

@@ -102,6 +102,25 @@ class Session:
                 log(f"[yellow]{note}[/yellow]")
         return self
 
+    def prompt_digest(self) -> str:
+        """A short hash of the prompt file's contents ("" without one), for the audit's cell keys: `--resume`
+        measures again what a changed file would change."""
+        f = getattr(self.cfg, "prompt_file", None)
+        return _file_digest(f) if f else ""
+
+    def mode_digest(self, mode: str) -> str:
+        """A short hash of the plugin file that defines `mode` ("" for a built-in mode, which the kvbench version
+        covers), for its cells' keys: `--resume` measures again the cells of a plugin mode whose code changed."""
+        import inspect
+
+        cls = registry.MODES.get(mode)
+        if cls is None or not cls.__module__.startswith(registry.PLUGIN_PREFIX):
+            return ""
+        try:
+            return _file_digest(inspect.getfile(cls))
+        except TypeError:
+            return ""
+
     def total_positions(self, context: int) -> int:
         cfg = self.cfg
         if isinstance(cfg, BenchConfig):
@@ -235,3 +254,12 @@ class Session:
 
 
 RUN_COLUMNS = ["date", "job", "command", "device", "model", "kvbench_version", "git_commit", "wall_s"]
+
+
+def _file_digest(path) -> str:
+    import hashlib
+
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+    except OSError:  # said where the file is read
+        return ""

@@ -320,3 +320,47 @@ def test_a_worker_that_dies_holding_its_queue_lock_blocks_no_other(tmp_path):
         "fp16",
         "crashlock",
     }, rows
+
+
+def test_resume_measures_again_the_cells_of_a_plugin_that_changed(tmp_path):
+    """A plugin mode's cells carry its file's hash in their keys: after an edit, `--resume` measures that mode
+    again and leaves the built-in modes' cells alone; unchanged, it measures nothing."""
+    plugin = tmp_path / "mine.py"
+    plugin.write_text(
+        "from kvbench.kv.registry import register\nfrom kvbench.kv.int8 import Int8Cache\n\n"
+        "@register\nclass Mine(Int8Cache):\n    name = 'mine-int8'\n    aliases = ()\n"
+    )
+    out = tmp_path / "o"
+    args = ["decode-bench", "--model", "dummy:tiny", "--quiet", "--modes", "fp16,mine-int8,int8", "--contexts",
+            "48", "--batch", "1", "--gen", "2", "--warmup", "1", "--repeats", "1", "--plugin", str(plugin),
+            "--out", str(out)]  # fmt: skip
+    from kvbench.kv import registry
+
+    try:
+        run(args)
+        first = read(out / "bench.csv")
+        run([*args, "--resume"])
+        assert len(read(out / "bench.csv")) == len(first)  # nothing changed: nothing measured
+        plugin.write_text(plugin.read_text() + "    summary = 'edited'\n")
+        run([*args, "--resume"])
+        again = read(out / "bench.csv")[len(first) :]
+        assert [r["kv_cache_mode"] for r in again] == ["mine-int8"], again
+    finally:
+        registry.MODES.pop("mine-int8", None)
+        registry._ALIASES.pop("mine-int8", None)
+
+
+def test_a_prompt_files_contents_are_in_the_audits_cell_keys(tmp_path):
+    """The audit's cell keys hold a hash of the prompt file's contents (not only its path): an edited file's
+    cells are measured again on `--resume`."""
+    from types import SimpleNamespace
+
+    from kvbench.session import Session
+
+    f = tmp_path / "p.txt"
+    f.write_text("one text")
+    fake = SimpleNamespace(cfg=SimpleNamespace(prompt_file=str(f)))
+    before = Session.prompt_digest(fake)
+    f.write_text("another text")
+    assert len(before) == 12 and Session.prompt_digest(fake) not in ("", before)
+    assert Session.prompt_digest(SimpleNamespace(cfg=SimpleNamespace(prompt_file=None))) == ""
