@@ -429,7 +429,7 @@ def _run_sharded(job: str, cfg, devices: list[str], console, t0: float) -> None:
             {
                 "date": results.now(),
                 "job": job,
-                "command": " ".join(["kvbench", *sys.argv[1:]]),
+                "command": results.command_line(),
                 "device": f"{len(devices)} workers: {', '.join(devices)}",
                 "model": model_id,
                 "kvbench_version": kvbench.__version__,
@@ -732,7 +732,7 @@ def plan(
     """Split a sweep into self-contained commands for a cluster scheduler (Slurm array, Ray, any job runner).
 
     Each line runs one group of cells (a context; for decode-bench a context and a batch size) into
-    its own results folder, with absolute paths; `kvbench report OUT/*/` merges them afterwards.
+    its own results folder, with absolute paths; `kvbench report OUT/*/ --out OUT` merges them afterwards.
 
     [bold]Examples[/bold]
 
@@ -775,15 +775,16 @@ def plan(
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
             file.write_text("\n".join(cmds) + "\n")
+            gpu = "" if (cfg.device or "").startswith("cpu") else "#SBATCH --gres=gpu:1\n"  # a CPU sweep asks none
             slurm.write_text(
                 "#!/bin/bash\n"
-                f"#SBATCH --array=1-{len(cmds)}\n#SBATCH --gres=gpu:1\n"
+                f"#SBATCH --array=1-{len(cmds)}\n{gpu}"
                 f'eval "$(sed -n "${{SLURM_ARRAY_TASK_ID}}p" {shlex.quote(str(file))})"\n'
             )
         except OSError as exc:
             raise KvbenchError(f"--file: cannot write {file}: {exc.strerror or exc}") from None
         # `OUT/*/`: the trailing slash makes the shell expand folders only (--file may be inside OUT)
-        report = f"kvbench report {shlex.quote(out)}/*/"
+        report = f"kvbench report {shlex.quote(out)}/*/ --out {shlex.quote(out)}"  # the report beside the jobs
         typer.echo(f"# wrote {file} and {slurm} (sbatch {slurm}); then: {report}", err=True)
 
 

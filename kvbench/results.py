@@ -170,6 +170,14 @@ def plural(n, word: str) -> str:
     return f"{n} {word}" + ("" if str(n) == "1" else "s")
 
 
+def command_line() -> str:
+    """This process's kvbench command, quoted so that it can be pasted back into a shell as it ran."""
+    import shlex
+    import sys
+
+    return shlex.join(["kvbench", *sys.argv[1:]])
+
+
 def today() -> str:
     return _dt.date.today().isoformat()
 

@@ -4,7 +4,6 @@ here, before any work or any file is written."""
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -243,7 +242,7 @@ class Session:
             {
                 "date": results.now(),
                 "job": self.job,
-                "command": " ".join(["kvbench", *sys.argv[1:]]),
+                "command": results.command_line(),
                 "device": self.base_row["device"],
                 "model": self.lm.model_id,
                 "kvbench_version": self.base_row["kvbench_version"],

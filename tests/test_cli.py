@@ -589,7 +589,7 @@ def test_plan_then_report_skips_the_job_files(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", argv)
     main()
     hint = capsys.readouterr().err.strip().splitlines()[-1]
-    assert hint.endswith(f"then: kvbench report {out}/*/"), hint
+    assert hint.endswith(f"then: kvbench report {out}/*/ --out {out}"), hint  # not into the first job's folder
     folders = [results_folder(out / "ctx48-b1"), results_folder(out / "ctx96-b1")]
     assert sorted(glob.glob(f"{out}/*/")) == [f"{d}/" for d in folders]  # what the shell makes of the hint
     dirs, err = report_dirs(monkeypatch, capsys, sorted(out.glob("*")))
@@ -831,3 +831,16 @@ def test_prompt_file_errors_name_the_file_and_the_fix(tmp_path, capsys, monkeypa
     assert "the prompt file's own length" in result.output and "CPU default contexts" not in result.output
     rows = list(csv.DictReader((tmp_path / "ok" / "audit.csv").read_text().splitlines()))
     assert {int(r["context_tokens"]) for r in rows} == {at_most}  # the file's own length is the longest that fits
+
+
+def test_the_recorded_command_is_quoted_for_a_shell(monkeypatch):
+    """runs.csv's command (and the report's Commands section) pastes back into a shell: a path with a space
+    stays one argument."""
+    import shlex
+    import sys
+
+    from kvbench.results import command_line
+
+    monkeypatch.setattr(sys, "argv", ["kvbench", "audit", "--prompt-file", "my notes.txt", "--modes", "int8"])
+    assert command_line() == "kvbench audit --prompt-file 'my notes.txt' --modes int8"
+    assert shlex.split(command_line())[3] == "my notes.txt"

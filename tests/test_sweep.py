@@ -364,3 +364,12 @@ def test_a_prompt_files_contents_are_in_the_audits_cell_keys(tmp_path):
     f.write_text("another text")
     assert len(before) == 12 and Session.prompt_digest(fake) not in ("", before)
     assert Session.prompt_digest(SimpleNamespace(cfg=SimpleNamespace(prompt_file=None))) == ""
+
+
+def test_plan_asks_slurm_for_a_gpu_unless_the_sweep_runs_on_cpu(tmp_path):
+    for device, gres in (("cpu", False), ("cuda", True)):
+        cfg = tmp_path / f"{device}.toml"
+        cfg.write_text(f'[common]\nmodel = "dummy:tiny"\ndevice = "{device}"\ncontexts = [48]\n')
+        jobs = tmp_path / device / "jobs.txt"
+        run(["plan", "audit", "--config", str(cfg), "--out", str(tmp_path / "o"), "--file", str(jobs)])
+        assert ("--gres=gpu:1" in jobs.with_suffix(".slurm.sh").read_text()) == gres, device
