@@ -143,6 +143,10 @@ def test_fp16_sdpa_plugin_decodes_as_fp16_does():
             caches = build_caches(mode, n_layers=a.n_layers, batch=2, n_kv_heads=a.n_kv_heads, head_dim=a.head_dim,
                                   dtype=torch.float32, device="cpu", capacity=40, kernel="triton")  # fmt: skip
             first = prefill(lm.model, ids, caches, 16, None)
+            for c in caches:  # poisoned slots past the prompt: the decoder must not read them into its output
+                c.reserve(c.capacity)
+                for name in ("k", "v"):
+                    c.buffers[name][:, :, c.live :] = float("nan")
             step = make_stepper(lm.model, caches, None, fused=fused, cuda_graphs=False)
             out[mode] = teacher_forced(lm.model, first, caches, forced, None, step=step), caches
         (want, ref), (got, caches) = out["fp16"], out["fp16-sdpa"]

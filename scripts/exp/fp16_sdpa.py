@@ -47,5 +47,8 @@ class FP16SdpaCache(FP16Cache):
 
     def begin_decode(self) -> None:
         super().begin_decode()
+        # the mask hides the slots past L, but 0 x NaN is NaN: a never-written slot (torch.empty) must be finite
+        for name in ("k", "v"):
+            self.buffers[name][:, :, self.live :].zero_()
         cap = self.buffers["k"].shape[2]
         self._slots = torch.arange(cap, device=self.buffers["k"].device).view(1, 1, 1, cap)
