@@ -378,9 +378,11 @@ def _finish(job, cfg, rows, writer, console, t0) -> None:
 
         print_rows(job, rows, console)
     console.print(f"wrote {writer.directory}/ ({len(rows)} rows, {time.time() - t0:.0f} s)")
-    if rows and all(r.get("status") == "error" for r in rows):  # a script or CI should see that nothing worked
+    if rows and all(r.get("status") in ("error", "oom") for r in rows):  # a script or CI should see it: nothing ran
+        statuses = " / ".join(sorted({r["status"] for r in rows}))
         typer.echo(
-            f"error: every cell of this run failed (status error; the notes in {writer.csv_path} say why)", err=True
+            f"error: every cell of this run failed (status {statuses}; the notes in {writer.csv_path} say why)",
+            err=True,
         )
         raise typer.Exit(1)
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import tomllib
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-
-import tomllib
 
 from kvbench.errors import KvbenchError
 
@@ -175,7 +174,8 @@ def load_toml(path: str | Path, job: str, origins: dict | None = None) -> dict:
             if field_name not in types and table == "common" and field_name in other:
                 continue
             if field_name not in types:
-                known = sorted([*types, *(a for a, (f, _) in ALIASES.items() if f in types)])
+                spellings = (k for k, f in JOB_SPELLINGS.items() if f in types and k not in types)  # `gen`
+                known = sorted([*types, *(a for a, (f, _) in ALIASES.items() if f in types), *spellings])
                 raise KvbenchError(f"{p}: unknown key '{key}' in [{table}] (known: {', '.join(known)})")
             if field_name in seen:
                 raise KvbenchError(f"{p} [{table}]: '{seen[field_name]}' and '{key}' set the same option; keep one")

@@ -71,7 +71,10 @@ class Session:
                     f"{lm.source}: no usable tokenizer ({lm.tokenizer_error}); the audit decodes text: add the "
                     "tokenizer files (decode-bench runs without them, on random token ids)"
                 )
-            log(f"[yellow]warning: {lm.source}: no usable tokenizer; the prompts are random token ids[/yellow]")
+            log(
+                f"[yellow]warning: {lm.source}: no usable tokenizer; the context is filled as for a dummy model "
+                "(random K/V, or random token ids with --fill prefill)[/yellow]"
+            )
         self = cls(
             cfg=cfg,
             job=job,

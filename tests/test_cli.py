@@ -798,9 +798,20 @@ def test_a_run_whose_every_cell_failed_exits_nonzero(tmp_path, monkeypatch):
     out = tmp_path / "run"
     result = run(["decode-bench", "--model", "dummy:tiny", "--contexts", "48", "--modes", "fp16,int8", "--gen", "2",
                   "--repeats", "1", "--warmup", "1", "--quiet", "--out", str(out)], expect=1)  # fmt: skip
-    assert "every cell of this run failed" in result.output
+    assert "every cell of this run failed (status error;" in result.output
     rows = read(out / "bench.csv")
     assert rows and all(r["status"] == "error" for r in rows)
+
+    import torch
+
+    def oom(self, mode, ctx, batch, notes):  # out of memory in every cell: nothing measured either
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(BenchJob, "_measure", oom)
+    result = run(["decode-bench", "--model", "dummy:tiny", "--contexts", "48", "--modes", "fp16,int8", "--gen", "2",
+                  "--repeats", "1", "--warmup", "1", "--quiet", "--out", str(tmp_path / "oom")], expect=1)  # fmt: skip
+    assert "every cell of this run failed (status oom;" in result.output
+    assert {r["status"] for r in read(tmp_path / "oom" / "bench.csv")} == {"oom"}
 
 
 def test_prompt_file_errors_name_the_file_and_the_fix(tmp_path, capsys, monkeypatch):
