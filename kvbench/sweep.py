@@ -214,14 +214,16 @@ def run_sharded(
     for g in groups:
         tasks.put(g)
     os.environ["KVBENCH_WORKERS"] = str(len(devices))
-    # One results queue per worker: a process that dies while its queue's feeder thread holds the write lock
-    # (os._exit, the OS's memory killer) leaves that lock taken for good; shared, it blocked every other worker
+    # One results queue per worker: a process that dies while it holds its queue's write lock (os._exit, the OS's
+    # memory killer) leaves that lock taken for good; shared, it blocked every other worker. A SimpleQueue writes
+    # each message to the pipe before `put` returns: a Queue's feeder thread could still hold the rows a worker
+    # had finished when it died (they were lost, and its error row named the cell before the one it died in).
     workers: dict[int, tuple] = {}  # id -> (process, device, its results queue)
     next_id = 0
 
     def spawn(device: str) -> None:
         nonlocal next_id
-        results = ctx.Queue()
+        results = ctx.SimpleQueue()
         p = ctx.Process(target=_worker, args=(job, cfg, device, next_id, tasks, results, set(done)), daemon=True)
         p.start()
         workers[next_id] = (p, device, results)
@@ -231,10 +233,8 @@ def run_sharded(
         """The next message of any live worker, or None after ~0.5 s without one."""
         for _ in range(25):
             for _, _, results in list(workers.values()):
-                try:
-                    return results.get_nowait()
-                except queue_mod.Empty:
-                    continue
+                if not results.empty():  # a whole message is there (put writes it in one piece)
+                    return results.get()
             time.sleep(0.02)
         return None
 
