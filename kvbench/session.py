@@ -34,6 +34,7 @@ class Session:
     peers: list[str] = field(default_factory=list)  # transformers' own caches, run beside the modes
     started: float = field(default_factory=time.time)
     _hf: object = None
+    _mode_digests: dict = field(default_factory=dict)  # mode -> its plugin file's hash, read once per run
 
     # -------------------------------------------------------------- construction
     @classmethod
@@ -115,13 +116,13 @@ class Session:
         covers), for its cells' keys: `--resume` measures again the cells of a plugin mode whose code changed."""
         import inspect
 
-        cls = registry.MODES.get(mode)
-        if cls is None or not cls.__module__.startswith(registry.PLUGIN_PREFIX):
-            return ""
-        try:
-            return _file_digest(inspect.getfile(cls))
-        except TypeError:
-            return ""
+        if mode not in self._mode_digests:  # every cell key asks: the file is read once, and one run keys alike
+            cls = registry.MODES.get(mode)
+            digest = ""
+            if cls is not None and cls.__module__.startswith(registry.PLUGIN_PREFIX):  # loaded from a file
+                digest = _file_digest(inspect.getfile(cls))
+            self._mode_digests[mode] = digest
+        return self._mode_digests[mode]
 
     def total_positions(self, context: int) -> int:
         cfg = self.cfg

@@ -34,10 +34,7 @@ class FP16SdpaCache(FP16Cache):
         slot = length.long()  # [1] on the device: where the fresh token goes
         kb.index_copy_(2, slot, k.unsqueeze(2))
         vb.index_copy_(2, slot, v.unsqueeze(2))
-        cap = kb.shape[2]
-        if getattr(self, "_slots", None) is None or self._slots.shape[-1] != cap:
-            self._slots = torch.arange(cap, device=kb.device).view(1, 1, 1, cap)  # made before any capture
-        mask = self._slots <= slot  # [1, 1, 1, cap]: stored tokens and the fresh one
+        mask = self._slots <= slot  # [1, 1, 1, cap]: stored tokens and the fresh one (`_slots`: begin_decode's)
         # each KV head's query group as a short query sequence [B, Hkv, G, D] (heads kv * G + g share KV head kv):
         # no GQA argument, which not every fused backend takes beside a mask
         b, hq, d = q.shape
