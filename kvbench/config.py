@@ -74,10 +74,34 @@ class BenchConfig(Common):
 JOB_CONFIGS = {"audit": AuditConfig, "decode-bench": BenchConfig}
 
 
+def _as_cli_list(name: str, value, base: str, where: str):
+    """A list option written as the command line takes it: `contexts = "2k,8k"` or `contexts = ["2k", 8192]`
+    for `--contexts 2k,8k`; `modes = "fp16,int8"`; `plugin = "mine.py"` (one file). Other values pass as given."""
+    if base == "list[str]" and isinstance(value, str):
+        return [value] if name == "plugin" else parse_list(value)
+    if base not in ("list[int]", "list[float]"):
+        return value
+    parse = parse_int_list if base == "list[int]" else parse_float_list
+    parts = [value] if isinstance(value, str) else value
+    if not isinstance(parts, list) or not all(isinstance(v, str) for v in parts if not isinstance(v, int | float)):
+        return value
+    out = []
+    for v in parts:
+        if not isinstance(v, str):
+            out.append(v)
+            continue
+        try:
+            out += parse(v, name)
+        except KvbenchError as exc:
+            raise KvbenchError(f"{where}: key '{name}':{str(exc).split(':', 1)[1]}") from None
+    return out
+
+
 def _check_type(name: str, value, typ: str, where: str):
     base = typ.replace(" | None", "")
     if value is None and "None" in typ:
         return None
+    value = _as_cli_list(name, value, base, where)
     ok = {
         "str": isinstance(value, str),
         "int": isinstance(value, int) and not isinstance(value, bool),

@@ -206,3 +206,24 @@ def test_files_a_config_names_are_read_beside_it(tmp_path, monkeypatch):
     assert build_config("audit", str(path), {}).prompt_file == str(sub / "text.txt")
     absolute = write(sub / "abs.toml", f'[audit]\nprompt_file = "{sub / "text.txt"}"\n')
     assert build_config("audit", str(absolute), {}).prompt_file == str(sub / "text.txt")
+
+
+def test_list_keys_take_the_command_lines_spellings(tmp_path):
+    """`contexts = ["2k", 8192]`, `"2k,32k"`, `modes = "fp16,int8"`: what --contexts / --modes take, a file takes."""
+    text = '[common]\ncontexts = ["2k", 8192, "1.5k,32K"]\nmodes = "fp16,int8"\nplugin = "p.py"\n'
+    text += '[decode-bench]\nbatch = "1,16"\n'
+    (tmp_path / "p.py").write_text("")
+    cfg = build_config("decode-bench", write(tmp_path / "c.toml", text), {})
+    assert cfg.contexts == [2048, 8192, 1536, 32768]
+    assert cfg.modes == ["fp16", "int8"] and cfg.batch == [1, 16]
+    assert cfg.plugin == [str(tmp_path / "p.py")]  # one file, not split on commas
+    cfg = build_config("audit", write(tmp_path / "a.toml", '[audit]\nniah = true\nniah_depths = "0,0.5"\n'), {})
+    assert cfg.niah_depths == [0.0, 0.5]
+    for bad, why in [
+        ('"2q"', "'2q' is not a whole number"),
+        ('["1.5"]', "'1.5' is not a whole number"),
+        ('"0"', "values must be positive"),
+        ("[true]", "must be list\\[int\\]"),
+    ]:
+        with pytest.raises(KvbenchError, match=rf"b\.toml \[common\]: key 'contexts':? {why}"):
+            build_config("audit", write(tmp_path / "b.toml", f"[common]\ncontexts = {bad}\n"), {})
