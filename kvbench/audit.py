@@ -588,12 +588,19 @@ class AuditJob:
             for mode in self.s.modes:
                 self._skip(mode, ctx, "ppl", "no tokenizer")
             return
-        text = prompts.text_ids(lm.tokenizer)
+        # the text the audit reads: --prompt-file's when given (the user's domain), else the bundled novel
+        text = self._passage if self._passage is not None else prompts.text_ids(lm.tokenizer)
+        source = f"of {Path(self.cfg.prompt_file).name} " if self._passage is not None else ""
         windows = [
             torch.tensor([text[w * ctx : (w + 1) * ctx]], device=self.s.device)
             for w in range(self.cfg.ppl_windows)
             if (w + 1) * ctx <= len(text)
         ]
+        if not windows:
+            why = f"the prompt file holds {len(text)} tokens, fewer than one {ctx}-token perplexity window"
+            for mode in self.s.modes:
+                self._skip(mode, ctx, "ppl", why)
+            return
         fp16 = {}
 
         def work(mode):
@@ -613,7 +620,7 @@ class AuditJob:
                     self.p.advance_to(s + chunk.shape[1])
             ppl = math.exp(nll / count)
             out = {"ppl": round(ppl, 4), "gen_tokens": 0, "verdict": None}
-            out["_note"] = f"{len(windows)} window(s) of {ctx} tokens, chunk {self.cfg.ppl_chunk}"
+            out["_note"] = f"{len(windows)} window(s) {source}of {ctx} tokens, chunk {self.cfg.ppl_chunk}"
             if ctx <= self.cfg.ppl_chunk and mode != "fp16" and fp16 and ppl == fp16["ppl"]:
                 out["_note"] += (
                     "; the window is one chunk, which attended to its own K/V as computed and read no cached "

@@ -459,7 +459,11 @@ def audit(
     config: ConfigFile = None,
     ppl: Annotated[
         bool | None,
-        typer.Option("--ppl/--no-ppl", help="Also measure perplexity over the bundled text.", show_default=False),
+        typer.Option(
+            "--ppl/--no-ppl",
+            help="Also measure perplexity over the text (the bundled novel, or --prompt-file's).",
+            show_default=False,
+        ),
     ] = None,
     ppl_windows: Annotated[
         int | None, typer.Option(help="Non-overlapping text windows for --ppl. \\[default: 2]", show_default=False)

@@ -837,11 +837,26 @@ def test_prompt_file_errors_name_the_file_and_the_fix(tmp_path, capsys, monkeypa
     err = fails("--prompt-file", str(short), "--contexts", "300")
     assert err.startswith(f"error: --prompt-file {short}: the prompt file has ") and "a context of at most" in err
     at_most = int(re.search(r"at most (\d+)", err).group(1))
-    result = run(["audit", "--modes", "int8", "--gen-tokens", "2", "--prompt-file", str(short),
+    result = run(["audit", "--modes", "int8", "--gen-tokens", "2", "--prompt-file", str(short), "--ppl",
                   "--out", str(tmp_path / "ok")])  # fmt: skip
     assert "the prompt file's own length" in result.output and "CPU default contexts" not in result.output
     rows = list(csv.DictReader((tmp_path / "ok" / "audit.csv").read_text().splitlines()))
     assert {int(r["context_tokens"]) for r in rows} == {at_most}  # the file's own length is the longest that fits
+    ppl = [r for r in rows if r["check"] == "ppl"]  # the file's text is shorter than the context: no window
+    assert ppl and all(r["status"] == "skipped" and "fewer than one" in r["notes"] for r in ppl)
+
+
+def test_ppl_reads_the_prompt_file(tmp_path):
+    """With --prompt-file, --ppl measures the user's text, not the bundled novel: a text that repeats one
+    sentence is all but certain to a language model (perplexity near 1; the novel's is in the tens)."""
+    text = tmp_path / "mine.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 200)
+    out = tmp_path / "run"
+    run(["audit", "--modes", "int8", "--contexts", "256", "--gen-tokens", "2", "--prompt-file", str(text), "--ppl",
+         "--ppl-windows", "2", "--ppl-chunk", "64", "--quiet", "--out", str(out)])  # fmt: skip
+    ppl = {r["kv_cache_mode"]: r for r in read(out / "audit.csv") if r["check"] == "ppl"}
+    assert set(ppl) == {"fp16", "int8"} and all(r["status"] == "ok" for r in ppl.values())
+    assert float(ppl["fp16"]["ppl"]) < 1.5 and "2 window(s) of mine.txt of 256 tokens" in ppl["fp16"]["notes"]
 
 
 def test_the_recorded_command_is_quoted_for_a_shell(monkeypatch):
