@@ -6,7 +6,9 @@ from a Python file with `--plugin path/to/modes.py` (see README).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +81,7 @@ def parse_modes(spec: str | list[str] | None) -> list[str]:
     return out
 
 
-PLUGIN_PREFIX = "kvbench_plugin_"  # the module name a plugin file is imported under, before its stem
+PLUGIN_PREFIX = "kvbench_plugin_"  # a plugin file's module: this, its stem, a hash of its path
 
 
 _LOADED: dict[Path, tuple[bytes, list[str]]] = {}  # plugin file -> (its source, the modes it registered)
@@ -101,7 +103,10 @@ def load_plugin(path: str | Path) -> list[str]:
     if seen and seen[0] == source and all(m in MODES for m in seen[1]):
         return list(seen[1])
     before, aliases_before = dict(MODES), dict(_ALIASES)
-    mod_name = f"{PLUGIN_PREFIX}{p.stem}"
+    # one module per file: a/modes.py and b/modes.py are two plugins (a stem alone would let the second
+    # silently replace the first's modes); the name is the same in every process that loads the file
+    key = hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:8]
+    mod_name = PLUGIN_PREFIX + re.sub(r"\W", "_", p.stem) + "_" + key
     spec = importlib.util.spec_from_file_location(mod_name, p)
     if spec is None or spec.loader is None:  # Python imports source files by their .py suffix
         raise KvbenchError(f"plugin {p} is not a Python source file (its name must end in .py)")
