@@ -75,13 +75,15 @@ JOB_CONFIGS = {"audit": AuditConfig, "decode-bench": BenchConfig}
 
 
 def _as_cli_list(name: str, value, base: str, where: str):
-    """A list option written as the command line takes it: `contexts = "2k,8k"` or `contexts = ["2k", 8192]`
+    """A list option written as the command line takes it: `contexts = "2k,8k"`, `["2k", 8192]` or `2048`
     for `--contexts 2k,8k`; `modes = "fp16,int8"`; `plugin = "mine.py"` (one file). Other values pass as given."""
     if base == "list[str]" and isinstance(value, str):
         return [value] if name == "plugin" else parse_list(value)
     if base not in ("list[int]", "list[float]"):
         return value
     parse = parse_int_list if base == "list[int]" else parse_float_list
+    if isinstance(value, int | float) and not isinstance(value, bool):  # `contexts = 2048`, as `--contexts 2048`
+        value = [value]
     parts = [value] if isinstance(value, str) else value
     if not isinstance(parts, list) or not all(isinstance(v, str) for v in parts if not isinstance(v, int | float)):
         return value
@@ -228,7 +230,29 @@ def build_config(job: str, config_file: str | None, cli: dict):
             values[k] = list(dict.fromkeys(v))
     cfg = JOB_CONFIGS[job](**values)
     validate(cfg, origins, chosen)
+    if config_file:
+        check_other_jobs(job, config_file)
     return cfg
+
+
+def check_other_jobs(job: str, config_file: str) -> None:
+    """The file's settings for the other job, checked now: `kvbench audit --config f; kvbench decode-bench
+    --config f` should not learn of a bad [decode-bench] table after the audit's hour. Checks that depend on
+    the command line (`ppl_chunk` without `--ppl`) are left to that job's own run."""
+    for other, cls in JOB_CONFIGS.items():
+        if other == job:
+            continue
+        origins: dict[str, str] = {}
+        try:
+            values = load_toml(config_file, other, origins)
+            for k, v in values.items():
+                if str(next(f.type for f in dataclasses.fields(cls) if f.name == k)).startswith("list[") and v:
+                    values[k] = list(dict.fromkeys(v))
+            validate(cls(**values), origins)
+        except KvbenchError as exc:
+            raise KvbenchError(
+                f"{exc} (read by `kvbench {other}`; a config file is checked whole, before any work)"
+            ) from None
 
 
 # An option that only shapes a check or a search (field -> its switch, what it does there): set without the switch,
@@ -263,6 +287,8 @@ def validate(cfg, origins: dict[str, str] | None = None, chosen: set[str] | None
     if cfg.devices and cfg.device != "auto":  # --devices picks the device(s) itself: one would silently lose
         bad("devices", f"give --device ({cfg.device}) or --devices ({cfg.devices}), not both")
     for plugin in cfg.plugin:
+        if not str(plugin).strip():  # --plugin "$FILE" with FILE unset
+            bad("plugin", "is empty: name a Python file that registers modes, or leave it out")
         try:
             registry.load_plugin(plugin)
         except KvbenchError as exc:
@@ -314,6 +340,8 @@ def validate(cfg, origins: dict[str, str] | None = None, chosen: set[str] | None
             bad("ppl_chunk", "must be positive")
         if not cfg.near_tie_margin >= 0:
             bad("near_tie_margin", f"must be >= 0 (a logit gap), got {cfg.near_tie_margin}")
+        if cfg.prompt_file is not None and not str(cfg.prompt_file).strip():  # --prompt-file "$F", F unset
+            bad("prompt_file", "is empty: leave it out for the bundled novel, or name a text file")
         if cfg.prompt_file:  # read here, so that a folder or a binary file fails before the model loads
             try:
                 read_utf8(Path(cfg.prompt_file))

@@ -171,6 +171,8 @@ def test_sparse_v_rows_and_report(tmp_path):
         ),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--out", ""], "--out: is empty"),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--devices", ""], "--devices: is empty"),
+        (["audit", "--model", "dummy:tiny", "--contexts", "64", "--prompt-file", ""], "--prompt-file: is empty"),
+        (["decode-bench", "--model", "dummy:tiny", "--contexts", "64", "--plugin", " "], "--plugin: is empty"),
         # options that only shape a check are refused without it (they were ignored in silence)
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--niah-depths", "0.5"], "--niah-depths: only shapes"),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--ppl-chunk", "32"], "--ppl-chunk: only shapes"),

@@ -217,6 +217,8 @@ def test_list_keys_take_the_command_lines_spellings(tmp_path):
     assert cfg.contexts == [2048, 8192, 1536, 32768]
     assert cfg.modes == ["fp16", "int8"] and cfg.batch == [1, 16]
     assert cfg.plugin == [str(tmp_path / "p.py")]  # one file, not split on commas
+    cfg = build_config("decode-bench", write(tmp_path / "one.toml", "[common]\ncontexts = 64\nbatch = 2\n"), {})
+    assert cfg.contexts == [64] and cfg.batch == [2]  # as --contexts 64 --batch 2
     cfg = build_config("audit", write(tmp_path / "a.toml", '[audit]\nniah = true\nniah_depths = "0,0.5"\n'), {})
     assert cfg.niah_depths == [0.0, 0.5]
     for bad, why in [
@@ -227,3 +229,20 @@ def test_list_keys_take_the_command_lines_spellings(tmp_path):
     ]:
         with pytest.raises(KvbenchError, match=rf"b\.toml \[common\]: key 'contexts':? {why}"):
             build_config("audit", write(tmp_path / "b.toml", f"[common]\ncontexts = {bad}\n"), {})
+
+
+def test_a_config_file_is_checked_whole(tmp_path):
+    """`kvbench audit --config f` refuses a bad [decode-bench] table (or a [common] key only decode-bench
+    reads) before any work, saying which job reads it; a command-line-dependent check is that job's own."""
+    for text, why in [
+        ('[audit]\ngen = 2\n[decode-bench]\nwarmup = "x"\n', r"\[decode-bench\]: key 'warmup' must be int"),
+        ('[common]\nbatch = "abc"\n', r"key 'batch': 'abc' is not a whole number"),
+        ("[common]\nbatch = [0]\n", "batch sizes must be positive"),
+        ('[decode-bench]\nmodes = "fp16,int9"\n', "int9"),
+    ]:
+        with pytest.raises(KvbenchError, match=why + r".*\(read by `kvbench decode-bench`"):
+            build_config("audit", write(tmp_path / "c.toml", text), {})
+    with pytest.raises(KvbenchError, match=r"gen_tokens: must be at least 2 \(read by `kvbench audit`"):
+        build_config("decode-bench", write(tmp_path / "d.toml", "[audit]\ngen_tokens = 1\n"), {})
+    # ppl_chunk shapes --ppl, which the audit's command line may add: decode-bench does not refuse it
+    assert build_config("decode-bench", write(tmp_path / "e.toml", "[audit]\nppl_chunk = 64\n"), {}).gen == 128
