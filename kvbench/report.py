@@ -1267,7 +1267,10 @@ def _summary_sentences(g: Group) -> list[str]:
             r = at[at["kv_cache_mode"] == m]
             if len(r):
                 best = r.sort_values("decode_tok_s").iloc[-1]
-                speed.append(f"{m} {fmt_ratio(best['_ratio'])}")
+                # no fp16 row there (it ran out of memory where a smaller cache fits): tok/s, not a ratio
+                speed.append(
+                    f"{m} {fmt_ratio(best['_ratio'])}" if _isnum(fp16_tok) else f"{m} {fmt_tok(best['decode_tok_s'])}"
+                )
         fails = g.bench[
             (g.bench["context_tokens"] == ctx)
             & (g.bench["batch"] == g.ref_batch)
@@ -1277,7 +1280,12 @@ def _summary_sentences(g: Group) -> list[str]:
         head = f"At {ctx_label(ctx)} (batch {fmt_int(g.ref_batch)}), the longest measured context"
         if _isnum(fp16_tok):
             head += f", fp16 decoded {fmt_tok(fp16_tok)} tok/s"
-        sent = head + (f"; relative to it: {', '.join(speed)}" if speed and _isnum(fp16_tok) else "")
+        if speed and _isnum(fp16_tok):
+            sent = head + f"; relative to it: {', '.join(speed)}"
+        elif speed:
+            sent = head + f"; no fp16 result there to compare with, so decode tok/s: {', '.join(speed)}"
+        else:
+            sent = head
         fp_bytes = g.kv_per_token("fp16", ctx)
         saving = []
         for m in g.modes:
@@ -2990,7 +2998,13 @@ def _recommend(g: Group) -> list[str]:
                 text += f"; use `{sm}` when KV memory is the limit"
             text += "."
         else:
-            text = f"Pick: `{m}` at {ctx_label(ctx)} (batch {fmt_int(g.ref_batch)}): {fmt_ratio(best['_ratio'])} fp16 decode"
+            text = f"Pick: `{m}` at {ctx_label(ctx)} (batch {fmt_int(g.ref_batch)}): "
+            if _isnum(best["_ratio"]):
+                text += f"{fmt_ratio(best['_ratio'])} fp16 decode"
+            else:  # fp16 did not run there (oom where this mode fits): what it did, and this mode's own speed
+                text += f"{fmt_tok(best['decode_tok_s'])} tok/s where fp16 " + (
+                    f"ended {best['_fp16_status']}" if best["_fp16_status"] else "has no measurement"
+                )
             other = bok[(bok["kv_cache_mode"] == m) & (bok["context_tokens"] == ctx) & (bok["batch"] != g.ref_batch)]
             other = [r for r in other.sort_values("batch").to_dict("records") if _isnum(r["_ratio"])]
             if other:

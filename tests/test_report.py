@@ -1336,3 +1336,22 @@ def test_links_are_relative_within_a_tree_and_absolute_across_the_root(tmp_path)
     assert _rel(tmp_path / "a/bench.csv", tmp_path / "a") == "bench.csv"
     far = Path("/proc/self")  # under the root, beside tmp_path's tree
     assert _rel(far / "status", tmp_path / "b") == (far / "status").resolve().as_posix()
+
+
+def test_fp16_failing_at_the_longest_context_still_reads(tmp_path):
+    """The headline GPU case: fp16 runs out of memory at the longest context and int8 fits. The summary gives
+    the modes' tok/s there and says fp16 has none; the pick says fp16 ended oom (no '—' ratio, no cut sentence)."""
+    rows = [
+        _bench("fp16", 2048, 1, 263.4, 1.0, 16.5),
+        _bench("int8", 2048, 1, 250.0, 0.949, 16.4),
+        _bench("fp16", 32768, 1, status="oom", notes="CUDA out of memory"),
+        _bench("int8", 32768, 1, 236.2, None, 18.18),
+    ]
+    text = render_report([write(tmp_path, bench=rows)]).read_text()
+    assert (
+        "At 32K (batch 1), the longest measured context; no fp16 result there to compare with, so decode tok/s: int8 236.2"
+        in text
+    )
+    assert "fp16 oom" in text.split("the longest measured context", 1)[1].split("\n", 1)[0]
+    pick = next(ln for ln in text.splitlines() if "Pick: `int8`" in ln)
+    assert "at 32K (batch 1): 236.2 tok/s where fp16 ended oom" in pick and "—" not in pick
