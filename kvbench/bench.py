@@ -226,19 +226,7 @@ class BenchJob:
         per_seq = sum(c.bytes_per_token() for c in probe) * ctx
         del probe
         guess = max(1, int(budget * 0.97 // per_seq))
-        lo, hi, best = 0, None, None  # lo fits, hi does not
-        b = guess
-        for _ in range(12):
-            got = self._fits(res.effective, ctx, b)
-            if got:
-                lo, best = b, got
-            else:
-                hi = b
-            if hi is not None and hi - lo <= 1:
-                break
-            b = (lo + hi) // 2 if hi is not None else b * 2
-            if b == 0:
-                break
+        lo, best, hi = search_largest(lambda b: self._fits(res.effective, ctx, b), guess)
         base = {
             **s.base_row,
             "context_tokens": ctx,
@@ -251,6 +239,10 @@ class BenchJob:
         }
         how = "allocated and decoded" if s.device.type == "cuda" else "estimated from buffer sizes, not allocated"
         note = f"capacity search at {ctx} tokens: largest batch that fits in {budget / GB:.1f} GB beside the weights ({how})"
+        if best and hi is not None and hi - lo > 1:  # the probe limit reached first: say it is a bound
+            note += f"; search stopped with batches {lo + 1}-{hi - 1} untried"
+        elif best and hi is None:
+            note += f"; no batch up to {lo} failed (the search stopped there)"
         notes = join_notes(rope_note, res.note, note)
         rows = []
         if best:
@@ -428,3 +420,32 @@ def random_fill(
             c.append(k, v)
         if cap is not None:
             cap.after(caches)
+
+
+def search_largest(fits, guess: int, max_probes: int = 64) -> tuple[int, object, int | None]:
+    """The largest n >= 1 with `fits(n)` truthy (n's result) and the smallest that fails, searched from an
+    estimate: steps away from `guess` that double until the answer is bracketed, then bisection down to
+    neighbours. Returns (largest fitting n or 0, its result, first failing n or None when none failed within
+    `max_probes`). A guess within a few percent of the answer costs ~2*log2(guess/64) probes; a wild one
+    still converges (steps double)."""
+    lo, best, hi = 0, None, None  # lo fits (0: nothing fit yet), hi does not
+    step = max(1, guess // 64)
+    b, probes = max(1, guess), 0
+    while probes < max_probes:
+        got = fits(b)
+        probes += 1
+        if got:
+            lo, best = b, got
+        else:
+            hi = b
+        if hi is not None and hi - lo <= 1:
+            break
+        if hi is None:  # every probe so far fits: step up
+            b, step = lo + step, step * 2
+        elif best is None:  # every probe so far fails: step down (not below 1)
+            b, step = max(1, hi - step), step * 2
+            if b == hi:  # 1 failed
+                break
+        else:
+            b = (lo + hi) // 2
+    return lo, best, hi

@@ -377,3 +377,32 @@ def test_plan_asks_slurm_for_a_gpu_unless_the_sweep_runs_on_cpu(tmp_path):
         jobs = tmp_path / device / "jobs.txt"
         run(["plan", "audit", "--config", str(cfg), "--out", str(tmp_path / "o"), "--file", str(jobs)])
         assert ("--gres=gpu:1" in jobs.with_suffix(".slurm.sh").read_text()) == gres, device
+
+
+@pytest.mark.parametrize("answer", [1, 2, 7, 1000, 8816, 17099, 250_000])
+@pytest.mark.parametrize("off", [0.5, 0.97, 1.0, 1.03, 3.0])
+def test_capacity_search_brackets_to_neighbours(answer, off):
+    """decode-bench --capacity: the largest fitting batch and the first failing one are neighbours (a 12-probe
+    limit once left 8812 / 8817 with 8813-8816 untried), from a good estimate or a bad one, in few probes."""
+    from kvbench.bench import search_largest
+
+    tried = []
+
+    def fits(b):
+        tried.append(b)
+        return {"b": b} if b <= answer else None
+
+    guess = max(1, int(answer * off))
+    lo, best, hi = search_largest(fits, guess)
+    assert (lo, hi) == (answer, answer + 1) and best == {"b": answer}
+    assert len(tried) == len(set(tried)) and len(tried) <= 40, tried
+    if 0.97 <= off <= 1.03 and answer > 1000:
+        assert len(tried) <= 2 * max(1, (answer // 64).bit_length()) + 4, tried
+
+
+def test_capacity_search_when_nothing_fits_or_the_limit_is_hit():
+    from kvbench.bench import search_largest
+
+    assert search_largest(lambda b: None, 1000) == (0, None, 1)
+    lo, best, hi = search_largest(lambda b: b, 1000, max_probes=3)  # everything fits: a bound, no failure
+    assert lo > 1000 and best == lo and hi is None
