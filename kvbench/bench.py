@@ -72,7 +72,7 @@ class BenchJob:
     def fill_kind(self) -> str:
         if self.cfg.fill != "auto":
             return self.cfg.fill
-        return "random" if self.s.lm.synthetic and self.s.lm.tokenizer is None else "prefill"
+        return "random" if self.s.lm.tokenizer is None else "prefill"  # no tokenizer (dummy:*): no text to prefill
 
     def run(self) -> list[dict]:
         todo = [g for g in self.groups() if self.sweep.wants(g)]
@@ -312,7 +312,8 @@ class BenchJob:
             tok = logits.argmax(-1, keepdim=True)
         else:
             random_fill(caches, ctx, s.lm.args, dev, s.dtype, cap=cap)
-            notes.append("context filled with random K/V (no prefill; synthetic model)")
+            why = "random weights" if s.lm.synthetic else "no tokenizer" if s.lm.tokenizer is None else "--fill random"
+            notes.append(f"context filled with random K/V (no prefill; {why})")
             tok = torch.randint(3, s.lm.args.vocab_size, (batch, 1), device=dev)
         kv_bytes = sum(c.nbytes() for c in caches)
         out["kv_bytes"] = kv_bytes

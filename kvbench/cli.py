@@ -609,7 +609,7 @@ def decode_bench(
     fill: Annotated[
         str | None,
         typer.Option(
-            help="How the context is built: auto (random K/V for dummy models, else prefill), prefill, random. "
+            help="How the context is built: auto (random K/V for a model without a tokenizer, e.g. dummy:*; else prefill), prefill, random. "
             "\\[default: auto]",
             show_default=False,
         ),

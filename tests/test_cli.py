@@ -66,7 +66,7 @@ def test_audit_bench_report_end_to_end(tmp_path):
         assert r["peak_mem_kind"] == "cpu_peak_rss"
         if r["kv_cache_mode"] == "fp16":
             assert float(r["decode_ratio_vs_fp16"]) == 1.0
-        assert "random K/V" in r["notes"]
+        assert "random K/V (no prefill; random weights)" in r["notes"] and r["synthetic"] == "true"
     int8 = [r for r in bench if r["kv_cache_mode"] == "int8"]
     fp16 = [r for r in bench if r["kv_cache_mode"] == "fp16"]
     assert float(int8[0]["kv_bytes_per_token"]) < 0.6 * float(fp16[0]["kv_bytes_per_token"])

@@ -344,6 +344,11 @@ def test_a_model_folder_without_a_tokenizer(tmp_path):
                                 "--out", str(tmp_path / "b")])  # fmt: skip
     assert bench.exit_code == 0, bench.output
     assert "no usable tokenizer; the context is filled as for a dummy model" in " ".join(bench.output.split())
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "b" / "bench.csv").read_text().splitlines()))
+    # real weights: not `synthetic` (random weights), and the note gives the real reason for the random fill
+    assert rows and all(r["synthetic"] == "false" and "(no prefill; no tokenizer)" in r["notes"] for r in rows), rows
 
 
 def test_a_config_transformers_rejects_is_one_line(tmp_path):

@@ -375,7 +375,7 @@ def _load_hf_folder(folder: Path, device, dtype, *, model_id: str, weights_hash:
         args,
         model_id,
         weights_hash or file_hash(files),
-        tokenizer is None,
+        False,  # real weights, with or without a tokenizer (`synthetic` is random weights: dummy:*)
         str(folder),
         notes,
         tokenizer_error,
