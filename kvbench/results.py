@@ -356,17 +356,28 @@ class ResultsWriter:
             notes.append(f"{path}: {what} was cut short ({size - keep} bytes without a newline); dropped it")
         if "json" in self.formats:
             notes += self._align_json()
+        elif self.json_path.exists() and self.csv_path.exists():  # a --format without json, resuming
+            notes.append(
+                f"{self.json_path}: not written by this run (--format {','.join(self.formats)}): "
+                f"it falls behind {self.csv_path.name}, which is the record"
+            )
         return notes
 
     def _align_json(self) -> list[str]:
         """The JSONL holds one line per CSV row. Lines past the CSV's last row (a run stopped between the
         two writes, or a CSV line dropped above) are rows whose cells `--resume` measures again: trimmed,
         so the JSONL does not hold them twice. A JSONL behind its CSV (damage from outside) is only reported."""
-        if not self.csv_path.exists() or not self.json_path.exists():
+        if not self.csv_path.exists():
             return []
         try:
-            with open(self.csv_path, newline="", encoding="utf-8") as f:
-                rows = max(0, sum(1 for _ in csv.reader(f)) - 1)
+            rows = self._csv_rows()
+            if not self.json_path.exists():
+                if not rows:
+                    return []
+                return [
+                    f"{self.json_path}: will hold this run's rows only; {self.csv_path.name}'s "
+                    f"{plural(rows, 'earlier row')} (written without --format json) {'is' if rows == 1 else 'are'} not in it"
+                ]
             with open(self.json_path, "rb+") as f:
                 lines = f.read().splitlines(keepends=True)
                 if len(lines) < rows:
@@ -386,6 +397,10 @@ class ResultsWriter:
         return [
             f"{self.json_path}: {plural(extra, 'row')} past {self.csv_path.name}'s last row; dropped (measured again)"
         ]
+
+    def _csv_rows(self) -> int:
+        with open(self.csv_path, newline="", encoding="utf-8") as f:
+            return max(0, sum(1 for _ in csv.reader(f)) - 1)
 
     def check_header(self) -> None:
         """An existing CSV must have this job's columns (checked before a sweep starts, and per row)."""

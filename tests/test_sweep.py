@@ -142,6 +142,29 @@ def test_resume_trims_jsonl_rows_past_the_csv(tmp_path):
     assert f"bench.jsonl: {len(got) - 2} rows behind bench.csv (left as it is" in result.output
 
 
+def test_resume_with_another_format_says_what_the_jsonl_holds(tmp_path):
+    """A run resumed with json among its formats after one without (or the other way round) says the JSONL
+    does not hold every row, rather than leaving it short in silence."""
+    from kvbench.results import AUDIT_COLUMNS, ResultsWriter
+
+    row = {"kv_cache_mode": "fp16", "status": "ok"}
+    ResultsWriter(tmp_path, "audit", AUDIT_COLUMNS, formats=("csv",)).write(row)
+    with_json = ResultsWriter(tmp_path, "audit", AUDIT_COLUMNS)
+    assert with_json.repair_tail() == [
+        f"{tmp_path / 'audit.jsonl'}: will hold this run's rows only; audit.csv's 1 earlier row "
+        "(written without --format json) is not in it"
+    ]
+    with_json.write(row)
+    assert with_json.repair_tail() == [
+        f"{tmp_path / 'audit.jsonl'}: 1 row behind audit.csv (left as it is; the CSV is the record)"
+    ]
+    without = ResultsWriter(tmp_path, "audit", AUDIT_COLUMNS, formats=("csv", "md"))
+    assert without.repair_tail() == [
+        f"{tmp_path / 'audit.jsonl'}: not written by this run (--format csv,md): it falls behind audit.csv, "
+        "which is the record"
+    ]
+
+
 def test_oom_in_one_cell_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
     from kvbench.bench import BenchJob
 
