@@ -709,6 +709,17 @@ def report(
         if not any(d.glob("*.csv")):
             hint = f"; its subfolders have some: kvbench report {d}/*/" if any(d.glob("*/*.csv")) else ""
             raise KvbenchError(f"no CSV files in {d}{hint}")
+    seen, unique = set(), []  # `r1 r1/ ./r1`: one folder, read once
+    for d in dirs:
+        if d.resolve() not in seen:
+            seen.add(d.resolve())
+            unique.append(d)
+    if len(unique) < len(dirs):
+        from kvbench.results import plural
+
+        again = plural(len(dirs) - len(unique), "path")
+        typer.echo(f"warning: {again} named a folder given before it; each folder is read once", err=True)
+        dirs = unique
     path = render_report(list(dirs), Path(out) if out is not None else None)
     typer.echo(f"wrote {path}")
 

@@ -74,6 +74,12 @@ def test_audit_bench_report_end_to_end(tmp_path):
     result = run(["report", str(out)])
     assert (out / "report.md").exists()
     assert "report.md" in result.output
+    one = (out / "report.md").read_text()
+    # one folder named three ways is read once (its rows were counted three times)
+    result = run(["report", str(out), f"{out}/", str(out / ".." / out.name), "--out", str(out / "dup.md")])
+    assert "2 paths named a folder given before it; each folder is read once" in result.output
+    strip = lambda t: t.replace("dup", "report").splitlines()  # noqa: E731
+    assert strip((out / "dup.md").read_text()) == strip(one)
 
 
 def test_sparse_v_rows_and_report(tmp_path):
