@@ -121,6 +121,8 @@ def check_fresh(csv_path: Path, resume: bool, force: bool) -> None:
         return
     with open(csv_path, "rb") as f:
         n = sum(1 for _ in f) - 1
+    if n <= 0:  # a header alone (a run stopped before its first row): nothing to duplicate
+        return
     raise KvbenchError(
         f"{csv_path} already holds {n} rows: pass --resume to continue that sweep "
         "(finished cells are skipped), --force to append anyway, or choose another --out"

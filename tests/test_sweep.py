@@ -429,3 +429,18 @@ def test_capacity_search_when_nothing_fits_or_the_limit_is_hit():
     assert search_largest(lambda b: None, 1000) == (0, None, 1)
     lo, best, hi = search_largest(lambda b: b, 1000, max_probes=3)  # everything fits: a bound, no failure
     assert lo > 1000 and best == lo and hi is None
+
+
+def test_a_second_sweep_into_a_folder_asks_unless_the_csv_has_no_rows(tmp_path):
+    """A CSV with rows: a new run without --resume / --force is refused (it would duplicate cells); a CSV that
+    is a header alone (a run stopped before its first row) holds nothing to duplicate: the run goes on."""
+    out = tmp_path / "r"
+    run(["decode-bench", *BENCH, "--out", str(out)])
+    result = run(["decode-bench", *BENCH, "--out", str(out)], code=2)
+    n = len(read(out / "bench.csv"))
+    assert f"already holds {n} rows: pass --resume" in result.output
+    header = (out / "bench.csv").read_text().splitlines(keepends=True)[0]
+    (out / "bench.csv").write_text(header)
+    (out / "bench.jsonl").write_text("")
+    run(["decode-bench", *BENCH, "--out", str(out)])
+    assert len(read(out / "bench.csv")) == n
