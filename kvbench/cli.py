@@ -409,6 +409,8 @@ def _run_sharded(job: str, cfg, devices: list[str], console, t0: float) -> None:
     stem, columns = _job_files(job)
     writer = results.ResultsWriter(out, stem, columns, formats=cfg.formats)
     sweep = _open_sweep(writer, cfg, kvbench.__version__, model_hash)
+    if sweep.done:
+        console.print(f"resuming: {len(sweep.done)} finished cells in {writer.csv_path} are skipped")
     if job == "audit":
         groups = list(cfg.contexts)
         per_ctx = 1 + cfg.ppl + 2 * len(cfg.kv_caps) + cfg.prefix_reuse + cfg.compare_kernels

@@ -165,12 +165,21 @@ def _worker(job: str, cfg, device: str, wid: int, tasks, results, done: set) -> 
     from kvbench.runtime import Progress
     from kvbench.session import Session
 
+    class Ticks(Progress):
+        """This worker's (silent) progress: each cell it finishes or skips (--resume) ticks the main process'
+        bar, as a single-process run's bar counts them."""
+
+        def cell_done(self) -> None:
+            super().cell_done()
+            results.put(("tick", wid, None))
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process decides when to stop
     cfg.device, cfg.quiet = device, True
     if device == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("KVBENCH_WORKERS", "1")))))
     try:
         session = Session.open(cfg, job, log=lambda m: None)
+        results.put(("notes", wid, list(session.notes)))  # the model's and modes' notes (a fallback), once shown
         job_cls = _job_class(job)
         while True:
             try:
@@ -181,7 +190,7 @@ def _worker(job: str, cfg, device: str, wid: int, tasks, results, done: set) -> 
                 break
             results.put(("group", wid, group))
             sweep = Sweep(QueueSink(results, wid), {group}, done)
-            with Progress(0, True) as progress:
+            with Ticks(0, True) as progress:
                 runner = job_cls(session, progress, sweep)
                 if hasattr(runner, "preflight"):  # as the single-process run does, before the group's cells
                     runner.preflight()
@@ -248,6 +257,7 @@ def run_sharded(
     lost: list[tuple] = []  # (device, group, whether a cell's error row says where) of the workers that died
     remaining = len(groups)
     finished = 0
+    shown: set[str] = set()  # the workers' session notes already printed (each worker sends the same ones)
     try:
         while remaining > 0 and workers:
             message = next_message()
@@ -274,8 +284,14 @@ def run_sharded(
                 sink.row(payload)
                 rows.append(payload)
                 current.pop(wid, None)
+            elif kind == "tick":
                 if progress:
                     progress.cell_done()
+            elif kind == "notes":
+                for note in payload:
+                    if note not in shown and progress:
+                        shown.add(note)
+                        progress.log(f"[dim]{note}[/dim]")
             elif kind == "start":
                 current[wid] = payload
             elif kind == "group":

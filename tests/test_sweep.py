@@ -222,13 +222,35 @@ def test_config_file_and_command_line_override(tmp_path):
     assert {r["context_tokens"] for r in rows} == {"48"} and {r["gen_tokens"] for r in rows} == {"3"}
 
 
-def test_sharded_run_equals_unsharded(tmp_path):
+def test_sharded_run_equals_unsharded(tmp_path, monkeypatch):
+    """Sharded over two workers, the same cells; the bar counts every cell, and a resumed run's bar counts
+    the skipped ones too (it ended at 7/24) after saying it resumes."""
+    from kvbench import runtime
+
+    bars = []
+
+    class Counting(runtime.Progress):
+        def __init__(self, total, *a, **k):
+            super().__init__(total, *a, **k)
+            self.total, self.ticks = total, 0
+            bars.append(self)
+
+        def cell_done(self):
+            super().cell_done()
+            self.ticks += 1
+
     one, two = tmp_path / "one", tmp_path / "two"
     run(["decode-bench", *BENCH, "--out", str(one)])
+    monkeypatch.setattr(runtime, "Progress", Counting)
     run(["decode-bench", *BENCH, "--out", str(two), "--devices", "cpu,cpu"])
     assert cells(one / "bench.csv") == cells(two / "bench.csv")
     runs = read(two / "runs.csv")
     assert "2 workers" in runs[0]["device"]
+    assert bars[-1].ticks == bars[-1].total > 0
+    loud = [a for a in BENCH if a != "--quiet"]
+    result = run(["decode-bench", *loud, "--out", str(two), "--devices", "cpu,cpu", "--resume"])
+    assert f"resuming: {len(cells(one / 'bench.csv'))} finished cells" in result.output
+    assert bars[-1].ticks == bars[-1].total and len(read(two / "bench.csv")) == len(read(one / "bench.csv"))
 
 
 def test_shipped_configs_are_valid():
