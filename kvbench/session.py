@@ -12,10 +12,33 @@ import torch
 
 from kvbench import results
 from kvbench.config import AuditConfig, BenchConfig
-from kvbench.engine.weights import LoadedModel, fit_context, load_model
+from kvbench.engine.weights import LoadedModel, fit_context, load_model, model_args
 from kvbench.errors import KvbenchError
 from kvbench.kv import registry
 from kvbench.runtime import available_bytes, dtype_name, pick_device, pick_dtype, pick_kernel
+
+
+def total_positions(cfg, context: int) -> int:
+    """The positions a cell holds: the context and what is decoded after it."""
+    if isinstance(cfg, BenchConfig):
+        return context + cfg.warmup + cfg.gen * cfg.repeats
+    return context + cfg.gen_tokens
+
+
+def check_kv_memory(args, cfg, contexts, device, dtype) -> None:
+    """Refuse a context x batch whose KV cache cannot fit the free memory (one line). The cheapest mode stores
+    ~1/4 of fp16's bytes; on CPU an out-of-memory kills the process, so fp16's bytes count there."""
+    batch = max(getattr(cfg, "batch", [1]))
+    elem = torch.finfo(dtype).bits // 8
+    avail = available_bytes(device)
+    for ctx in contexts:
+        kv = args.kv_bytes_per_token_fp16(elem) * total_positions(cfg, ctx) * batch
+        need = kv if device.type == "cpu" else kv / 4
+        if need > avail * 0.9:
+            raise KvbenchError(
+                f"context {ctx} x batch {batch} needs ~{need / 1e9:.1f} GB of KV cache; "
+                f"only {avail / 1e9:.1f} GB is free on {device}"
+            )
 
 
 @dataclass
@@ -65,6 +88,9 @@ class Session:
                 notes.append("CPU default contexts 2K and 8K (32K takes many minutes per mode on CPU; pass --contexts)")
         out_dir = Path(cfg.out) if cfg.out else results.default_out_dir(device)
         results.check_out_dir(out_dir)  # before the model loads: a bad --out fails in a second
+        early = model_args(cfg.model)  # shapes only: a cache that cannot fit fails before minutes of weights
+        if early is not None:
+            check_kv_memory(early, cfg, contexts, device, dtype)
         lm = load_model(cfg.model, device=device, dtype=dtype, progress=log)
         if lm.tokenizer_error:  # a model folder whose tokenizer is missing or broken
             if job == "audit":
@@ -125,17 +151,11 @@ class Session:
         return self._mode_digests[mode]
 
     def total_positions(self, context: int) -> int:
-        cfg = self.cfg
-        if isinstance(cfg, BenchConfig):
-            return context + cfg.warmup + cfg.gen * cfg.repeats
-        return context + cfg.gen_tokens
+        return total_positions(self.cfg, context)
 
     def _check_feasible(self) -> None:
         """Refuse contexts the model's RoPE or the memory cannot hold (one line each)."""
         a = self.lm.args
-        batch = max(getattr(self.cfg, "batch", [1]))
-        elem = torch.finfo(self.dtype).bits // 8
-        avail = available_bytes(self.device)
         trained = a.max_position_embeddings
         decoded = self.total_positions(0)  # tokens decoded after the prompt
         if decoded > trained:
@@ -150,14 +170,7 @@ class Session:
             )
         for ctx in self.contexts:
             fit_context(self.lm, ctx, self.cfg.yarn)
-            kv = a.kv_bytes_per_token_fp16(elem) * self.total_positions(ctx) * batch
-            # the cheapest mode stores ~1/4 of fp16; on CPU an OOM kills the process, so be strict there
-            need = kv if self.device.type == "cpu" else kv / 4
-            if need > avail * 0.9:
-                raise KvbenchError(
-                    f"context {ctx} x batch {batch} needs ~{need / 1e9:.1f} GB of KV cache; "
-                    f"only {avail / 1e9:.1f} GB is free on {self.device}"
-                )
+        check_kv_memory(a, self.cfg, self.contexts, self.device, self.dtype)  # again: the weights now hold memory
         self.lm.model.set_rope(a.hf_config)
 
     # ----------------------------------------------------------------- helpers

@@ -246,3 +246,24 @@ def test_a_config_file_is_checked_whole(tmp_path):
         build_config("decode-bench", write(tmp_path / "d.toml", "[audit]\ngen_tokens = 1\n"), {})
     # ppl_chunk shapes --ppl, which the audit's command line may add: decode-bench does not refuse it
     assert build_config("decode-bench", write(tmp_path / "e.toml", "[audit]\nppl_chunk = 64\n"), {}).gen == 128
+
+
+def test_a_cache_that_cannot_fit_fails_before_the_weights_load(monkeypatch, capsys, tmp_path):
+    """A context x batch whose KV cache cannot fit is one line from the model's shapes (a preset, a folder's
+    config.json), before the weights are built (for an 8B dummy on CPU, minutes of work)."""
+    from kvbench.engine import weights
+
+    def no_load(*a, **k):
+        raise AssertionError("the weights loaded before the memory check")
+
+    monkeypatch.setattr(weights, "load_model", no_load)
+    monkeypatch.setattr("kvbench.session.load_model", no_load)
+    out = tmp_path / "o"
+    argv = ["kvbench", "decode-bench", "--model", "dummy:llama-3.1-8b", "--modes", "fp16", "--contexts", "32k",
+            "--batch", "1000", "--out", str(out)]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exc:
+        main()
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and not out.exists(), err
+    assert re.fullmatch(r"error: context 32768 x batch 1000 needs ~\d+\.\d GB of KV cache; only .* free on cpu", err)

@@ -333,6 +333,22 @@ def model_identity(spec: str | None) -> tuple[str, str]:
     return model_id, file_hash(files)
 
 
+def model_args(spec: str | None) -> ModelArgs | None:
+    """The model's shapes without its weights (a dummy preset, a folder's config.json), for checks that should
+    not wait for the load; None where only loading tells (a GGUF file, a config transformers cannot read)."""
+    kind, where, _ = resolve_model(spec)
+    try:
+        if kind == "dummy":
+            return ModelArgs.from_hf(preset_config(where))
+        if kind == "hf":
+            from transformers import AutoConfig
+
+            return ModelArgs.from_hf(AutoConfig.from_pretrained(where))
+    except Exception:  # the load says what is wrong, in one line
+        return None
+    return None
+
+
 def load_model(spec: str | None, *, device="cpu", dtype=torch.float32, progress=None) -> LoadedModel:
     """Resolve a `--model` value and load it. `None` means the embedded default."""
     device = torch.device(device)
