@@ -855,8 +855,16 @@ def _usage_error(exc) -> str:
     return message
 
 
+_SIGNALLED = {"term": False}
+
+
 def _sigterm(signum, frame):
+    _SIGNALLED["term"] = True  # the exit status says which signal: 143 (128 + SIGTERM), not Ctrl-C's 130
     raise KeyboardInterrupt  # a scheduler's kill ends like Ctrl-C: finished cells saved, resumable
+
+
+def _interrupted_rc() -> int:
+    return 143 if _SIGNALLED["term"] else 130
 
 
 def main() -> None:
@@ -869,15 +877,15 @@ def main() -> None:
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")
     try:
         rc = app(prog_name="kvbench", standalone_mode=False)
-        if isinstance(rc, int) and rc:
-            sys.exit(rc)
+        if isinstance(rc, int) and rc:  # click returns a typer.Exit's code when not standalone
+            sys.exit(_interrupted_rc() if rc == 130 else rc)
     except KvbenchError as exc:
         _fail(str(exc))
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        sys.exit(_interrupted_rc() if exc.exit_code == 130 else exc.exit_code)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
-        sys.exit(130)
+        sys.exit(_interrupted_rc())
     except Exception as exc:  # click usage errors and the like
         errors, aborts = _click_errors()
         if isinstance(exc, errors):
@@ -886,7 +894,7 @@ def main() -> None:
             _fail(_usage_error(exc), exc.exit_code)
         if isinstance(exc, aborts):
             typer.echo("interrupted", err=True)
-            sys.exit(130)
+            sys.exit(_interrupted_rc())
         raise
 
 
