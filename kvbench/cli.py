@@ -399,7 +399,10 @@ def _run_sharded(job: str, cfg, devices: list[str], console, t0: float) -> None:
 
     for plugin in cfg.plugin:
         registry.load_plugin(plugin)
-    modes = registry.parse_modes(cfg.modes)
+    from kvbench.peers import split_modes
+
+    kv_modes, peers = split_modes(cfg.modes)  # hf:* peers run in the workers beside the kvbench modes
+    modes = registry.parse_modes(kv_modes)
     model_id, model_hash = model_identity(cfg.model)
     gpu = devices[0].startswith("cuda")
     if cfg.contexts is None:
@@ -415,11 +418,13 @@ def _run_sharded(job: str, cfg, devices: list[str], console, t0: float) -> None:
         groups = list(cfg.contexts)
         per_ctx = 1 + cfg.ppl + 2 * len(cfg.kv_caps) + cfg.prefix_reuse + cfg.compare_kernels
         per_ctx += len(cfg.niah_depths) if cfg.niah else 0
-        total = len(groups) * len(set(modes) | {"fp16"}) * per_ctx
+        total = len(groups) * (len(set(modes) | {"fp16"}) * per_ctx + len(peers))
     else:
         groups = [(c, b) for c in cfg.contexts for b in cfg.batch]
-        groups += [("capacity", max(cfg.contexts))] if cfg.capacity else []
-        total = len(groups) * len(set(modes) | {"fp16"})
+        total = len(groups) * (len(set(modes) | {"fp16"}) + len(peers))
+        if cfg.capacity:
+            groups.append(("capacity", max(cfg.contexts)))
+            total += len(set(modes) | {"fp16"})
     console.print(f"sharding {len(groups)} groups of cells over {len(devices)} workers: {', '.join(devices)}")
     cfg.resume = False  # workers get the finished cells from here
     try:

@@ -368,3 +368,25 @@ def test_a_config_transformers_rejects_is_one_line(tmp_path):
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+
+
+def test_peers_run_in_a_sharded_run(tmp_path):
+    """--devices cpu,cpu with an hf:* peer in --modes: the workers run it beside the kvbench modes (the sharding
+    parent once refused it as an unknown KV mode)."""
+    import csv
+
+    from typer.testing import CliRunner
+
+    from kvbench.cli import app
+
+    out = tmp_path / "o"
+    args = ["decode-bench", "--model", "dummy:tiny", "--modes", "int8,hf:dynamic", "--contexts", "48", "--gen", "2",
+            "--warmup", "0", "--repeats", "1", "--devices", "cpu,cpu", "--quiet", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((out / "bench.csv").read_text().splitlines()))
+    assert sorted((r["kv_cache_mode"], r["status"]) for r in rows) == [
+        ("fp16", "ok"),
+        ("hf:dynamic", "ok"),
+        ("int8", "ok"),
+    ]
