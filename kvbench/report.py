@@ -846,6 +846,7 @@ class Group:
     ref_degenerate: dict = field(init=False)  # context -> why fp16's own greedy output is degenerate there
     index: int = 0
     multi: bool = False
+    setup: str = ""  # what sets this group apart from another of the same device and model ("float16, KV cap 64")
 
     def __post_init__(self) -> None:
         b = self.bench_all
@@ -891,7 +892,8 @@ class Group:
 
     @property
     def label(self) -> str:
-        return f"{self.device or 'unknown device'} · {self.model or 'unknown model'}"
+        label = f"{self.device or 'unknown device'} · {self.model or 'unknown model'}"
+        return f"{label} · {self.setup}" if self.setup else label
 
     @property
     def suffix(self) -> str:
@@ -1009,7 +1011,29 @@ def _enrich_bench(b: pd.DataFrame) -> pd.DataFrame:
     return b
 
 
+def _cap_of(df: pd.DataFrame) -> pd.Series:
+    """A benchmark row's live-KV cap as "N:keep" ("" for none): capped and uncapped decodes are not one cell."""
+    cap = pd.to_numeric(df["max_kv_size"], errors="coerce")
+    keep = pd.to_numeric(df["keep"], errors="coerce")
+    return pd.Series(
+        [f"{int(c)}:{int(k) if _isnum(k) else ''}" if _isnum(c) else "" for c, k in zip(cap, keep, strict=True)],
+        index=df.index,
+        dtype=object,
+    )
+
+
+def _setup_label(dtype: str, cap: str, show_dtype: bool) -> str:
+    parts = [dtype] if show_dtype and dtype else []
+    if cap:
+        n, keep = cap.split(":")
+        parts.append(f"KV cap {n}" + (f" (keep {keep})" if keep else ""))
+    return ", ".join(parts)
+
+
 def build_groups(data: Results) -> list[Group]:
+    """One group per device and model, and per setup that changes what a number means: the dtype (a merged
+    float16 and float32 run), and a benchmark's live-KV cap (`--max-kv-size`). The audit (whose cap rows are
+    its own checks) goes with the uncapped benchmark of its dtype."""
     keys = set()
     for df in (data.audit, data.bench):
         keys |= set(zip(df["device"], df["model"], strict=True))
@@ -1017,7 +1041,17 @@ def build_groups(data: Results) -> list[Group]:
     for device, model in sorted(keys):
         a = data.audit[(data.audit["device"] == device) & (data.audit["model"] == model)]
         b = data.bench[(data.bench["device"] == device) & (data.bench["model"] == model)]
-        groups.append(Group(device=device, model=model, audit=a, bench_all=b))
+        a_dtype = a["dtype"].map(_s) if len(a) else pd.Series(dtype=object)
+        b_dtype = b["dtype"].map(_s) if len(b) else pd.Series(dtype=object)
+        b_cap = _cap_of(b) if len(b) else pd.Series(dtype=object)
+        setups = sorted({(d, c) for d, c in zip(b_dtype, b_cap, strict=True)} | {(d, "") for d in a_dtype})
+        show_dtype = len({d for d, _ in setups}) > 1
+        for dtype, cap in setups:
+            sub_a = a[a_dtype == dtype] if not cap and len(a) else a.iloc[0:0]
+            sub_b = b[(b_dtype == dtype) & (b_cap == cap)] if len(b) else b
+            if len(sub_a) or len(sub_b):
+                setup = _setup_label(dtype, cap, show_dtype)
+                groups.append(Group(device=device, model=model, audit=sub_a, bench_all=sub_b, setup=setup))
     for i, g in enumerate(groups):
         g.index, g.multi = i, len(groups) > 1
     return groups
@@ -1113,14 +1147,21 @@ def section_summary(groups: list[Group]) -> str:
     out = ["## Summary", ""]
     if len({g.model for g in groups}) > 1:
         out += [
-            f"These results come from {len(groups)} setups (device · model), each summarised on its own: an audit "
-            "speaks for the model it ran on, a benchmark for its own model, and one setup's verdicts say nothing "
-            "about another's speed.",
+            f"These results come from {len(groups)} setups (device · model"
+            + (" · dtype or KV cap" if any(g.setup for g in groups) else "")
+            + "), each summarised on its own: an audit speaks for the model it ran on, a benchmark for its own "
+            "model, and one setup's verdicts say nothing about another's speed.",
+            "",
+        ]
+    elif any(g.setup for g in groups) and len(groups) > 1:
+        out += [
+            f"These results come from {len(groups)} setups of one model, each summarised on its own with its own "
+            "fp16 reference: a ratio compares modes run alike (the same dtype, the same KV cap).",
             "",
         ]
     for g in groups:
         sentences = _summary_sentences(g)
-        prefix = f"**{g.label}**: " if g.multi else ""
+        prefix = f"**{g.label}**: " if g.multi or g.setup else ""  # a KV cap is named even alone
         out.append(prefix + " ".join(sentences))
         out.append("")
         note = _duplicates_note(g)

@@ -1355,3 +1355,27 @@ def test_fp16_failing_at_the_longest_context_still_reads(tmp_path):
     assert "fp16 oom" in text.split("the longest measured context", 1)[1].split("\n", 1)[0]
     pick = next(ln for ln in text.splitlines() if "Pick: `int8`" in ln)
     assert "at 32K (batch 1): 236.2 tok/s where fp16 ended oom" in pick and "—" not in pick
+
+
+def test_runs_of_another_dtype_or_kv_cap_are_apart(tmp_path):
+    """Merged runs at float16 and float32, or with and without --max-kv-size, are separate groups (each with
+    its own fp16 reference), named by what sets them apart; they once shared one table and summary, which
+    quoted fp16 tok/s from one run and a ratio from the other. A capped run alone still names its cap."""
+    f16 = [_bench("fp16", 256, 1, 600.0, 1.0, dtype="float16"), _bench("int8", 256, 1, 420.0, 0.7, dtype="float16")]
+    f32 = [_bench("fp16", 256, 1, 650.0, 1.0, dtype="float32"), _bench("int8", 256, 1, 440.0, 0.68, dtype="float32")]
+    text = render_report([write(tmp_path / "a", bench=f16), write(tmp_path / "b", bench=f32)]).read_text()
+    summary = text.split("## Summary", 1)[1].split("\n## ", 1)[0]
+    assert "dummy" not in summary and "**NVIDIA H200 · HuggingFaceTB/SmolLM2-135M · float16**:" in summary
+    assert "fp16 decoded 600.0 tok/s; relative to it: int8 0.70x" in summary
+    assert "fp16 decoded 650.0 tok/s; relative to it: int8 0.68x" in summary
+    capped = [_bench(m, 256, 1, t, r, dtype="float16", max_kv_size=64, keep=4) for m, t, r in f16_rows()]
+    text = render_report([write(tmp_path / "c", bench=capped)]).read_text()
+    assert "**NVIDIA H200 · HuggingFaceTB/SmolLM2-135M · KV cap 64 (keep 4)**:" in text.split("## Summary", 1)[1]
+    text = render_report([write(tmp_path / "a2", bench=f16), write(tmp_path / "c2", bench=capped)]).read_text()
+    bench = text.split("## Benchmark", 1)[1].split("\n## ", 1)[0]
+    assert "### NVIDIA H200 · HuggingFaceTB/SmolLM2-135M\n" in bench
+    assert "### NVIDIA H200 · HuggingFaceTB/SmolLM2-135M · KV cap 64 (keep 4)\n" in bench
+
+
+def f16_rows():
+    return [("fp16", 610.0, 1.0), ("int8", 300.0, 0.49)]
