@@ -183,9 +183,9 @@ class BenchJob:
         if s.device.type != "cuda":  # a CPU allocation never fails: the OS kills the process instead
             probe = s.caches(mode, batch=1, capacity=1)
             kv = batch * ctx * sum(c.bytes_per_token() for c in probe)
-            need = kv + s.lm.weight_bytes()
-            if need > self._budget:
+            if kv > self._budget:  # the budget is what is free beside the (loaded) weights
                 return None
+            need = kv + s.lm.weight_bytes()
             return {"kv_bytes": kv, "peak_mem_gb": round(need / GB, 4), "peak_mem_kind": "cpu_estimate"}
         caches = step = tok = None
         try:
@@ -199,6 +199,8 @@ class BenchJob:
                 tok = step(tok)
             synchronize(s.device)
             peak, kind = peak_bytes(s.device)
+            if self.cfg.memory_budget_gb and peak - s.lm.weight_bytes() > self._budget:
+                return None  # it ran, but past the memory the user allowed beside the weights
             return {
                 "kv_bytes": sum(c.nbytes() for c in caches),
                 "peak_mem_gb": round(peak / GB, 4),
@@ -238,7 +240,10 @@ class BenchJob:
             "kernel": s.kernel,
         }
         how = "allocated and decoded" if s.device.type == "cuda" else "estimated from buffer sizes, not allocated"
-        note = f"capacity search at {ctx} tokens: largest batch that fits in {budget / GB:.1f} GB beside the weights ({how})"
+        gb = budget / GB  # 133.2, 0.05: a small budget is not rounded to "0.0 GB"
+        room = (f"{gb:.1f}" if gb >= 1 else f"{gb:.3f}".rstrip("0")) + " GB"
+        room += " (--memory-budget-gb)" if self.cfg.memory_budget_gb else ""
+        note = f"capacity search at {ctx} tokens: largest batch that fits in {room} beside the weights ({how})"
         if best and hi is not None and hi - lo > 1:  # the probe limit reached first: say it is a bound
             note += f"; search stopped with batches {lo + 1}-{hi - 1} untried"
         elif best and hi is None:

@@ -2175,8 +2175,8 @@ def _capacity_table(g: Group) -> str:
     if c["_est"].any():
         intro.append(
             "Rows marked estimated come from a search off the GPU, which allocates nothing (a CPU allocation does "
-            "not fail; the OS kills the process instead): their batches are KV buffer sizes plus weights checked "
-            "against the memory budget, their peak GB that estimate, not a measured peak."
+            "not fail; the OS kills the process instead): their batches are KV buffer sizes checked against the "
+            "memory budget, their peak GB those sizes plus the weights, not a measured peak."
         )
     return (
         " ".join(intro)

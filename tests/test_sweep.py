@@ -466,3 +466,20 @@ def test_a_second_sweep_into_a_folder_asks_unless_the_csv_has_no_rows(tmp_path):
     (out / "bench.jsonl").write_text("")
     run(["decode-bench", *BENCH, "--out", str(out)])
     assert len(read(out / "bench.csv")) == n
+
+
+def test_capacity_on_cpu_is_the_kv_that_fits_the_budget_beside_the_weights(tmp_path):
+    """--capacity --memory-budget-gb B off the GPU: the largest batch whose KV buffers fit B (the weights are
+    already loaded, outside it: they were counted twice), the next one over; the note gives B unrounded."""
+    out = tmp_path / "c"
+    run(["decode-bench", *TINY, "--contexts", "256", "--gen", "2", "--warmup", "0", "--repeats", "1", "--capacity",
+         "--memory-budget-gb", "0.01", "--out", str(out)])  # fmt: skip
+    cap = [r for r in read(out / "bench.csv") if "capacity search" in r["notes"]]
+    budget = 0.01e9  # kvbench's GB is 10^9 bytes
+    for mode in ("fp16", "int8"):
+        ok = next(r for r in cap if r["kv_cache_mode"] == mode and r["status"] == "ok")
+        over = next(r for r in cap if r["kv_cache_mode"] == mode and r["status"] == "oom")
+        per_seq = float(ok["kv_bytes"]) / int(ok["batch"])
+        assert int(over["batch"]) == int(ok["batch"]) + 1
+        assert float(ok["kv_bytes"]) <= budget < per_seq * int(over["batch"]), (mode, ok["kv_bytes"], per_seq)
+        assert "fits in 0.01 GB (--memory-budget-gb) beside the weights" in ok["notes"]
