@@ -229,7 +229,10 @@ def build_config(job: str, config_file: str | None, cli: dict):
         if types[k].startswith(("list[int]", "list[float]")) and v is not None:
             values[k] = list(dict.fromkeys(v))
     cfg = JOB_CONFIGS[job](**values)
-    validate(cfg, origins, chosen)
+    # `--no-capacity` over a file that sets capacity and its budget (plan's jobs do): the file's budget is moot,
+    # not an error; a check's option set without its switch anywhere still is
+    off = {name for name, (switch, _) in NEEDS.items() if given.get(switch) is False and name in origins}
+    validate(cfg, origins, chosen - off)
     if config_file:
         check_other_jobs(job, config_file)
     return cfg

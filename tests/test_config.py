@@ -267,3 +267,15 @@ def test_a_cache_that_cannot_fit_fails_before_the_weights_load(monkeypatch, caps
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and not out.exists(), err
     assert re.fullmatch(r"error: context 32768 x batch 1000 needs ~\d+\.\d GB of KV cache; only .* free on cpu", err)
+
+
+def test_a_switch_turned_off_over_a_file_makes_its_option_moot(tmp_path):
+    """`kvbench plan` turns --capacity off in most jobs of a file that sets capacity and its budget: those jobs
+    run (the budget is moot there); a budget with no --capacity anywhere is still refused."""
+    path = write(tmp_path / "c.toml", "[decode-bench]\ncapacity = true\nmemory_budget_gb = 0.05\n")
+    assert build_config("decode-bench", path, {"capacity": False}).capacity is False
+    plain = write(tmp_path / "d.toml", "[decode-bench]\nmemory_budget_gb = 0.05\n")
+    with pytest.raises(KvbenchError, match="only bounds the --capacity search"):
+        build_config("decode-bench", plain, {})
+    with pytest.raises(KvbenchError, match="only bounds the --capacity search"):  # both on the command line
+        build_config("decode-bench", None, {"capacity": False, "memory_budget_gb": 0.05})
