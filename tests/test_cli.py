@@ -529,6 +529,8 @@ def test_bench_summary_table_fits_a_narrow_console():
         for m, tok, ratio in (("fp16", 814.9, 1.0), ("turbo4-delegated", 1234.6, 1.0039))
     ]  # fmt: skip
     rows.append({"context_tokens": 32768, "batch": 31, "kv_cache_mode": "fp16", "status": "oom"})
+    # a fallback keeps the CSV's status (ok) and names the mode that ran, as bench.csv's effective_mode does
+    rows.append({**rows[0], "kv_cache_mode": "turbo4", "effective_mode": "turbo4-asym", "decode_ratio_vs_fp16": 1.1})
     narrow, wide = Console(width=80, record=True), Console(width=WIDE_BENCH, record=True)
     print_rows("bench", rows, narrow)
     print_rows("bench", rows, wide)
@@ -536,6 +538,8 @@ def test_bench_summary_table_fits_a_narrow_console():
     assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
     for cell in ("turbo4-delegated", "1234.6", "1.004x", "63.81", "86%", "oom", "32K", "in bench.csv"):
         assert cell in text, cell
+    assert re.search(r"turbo4 \(as turbo4-asym\)\s+ok", text), text
+    assert "fallback" not in text
     assert "88844" not in text and "88844" in big and "in bench.csv" not in big
 
 
