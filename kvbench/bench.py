@@ -362,7 +362,9 @@ class BenchJob:
         peak, kind = peak_bytes(dev)
         step_s = batch / med
         floor_s = (s.lm.weight_bytes() + kv_bytes) / self.bandwidth
-        notes.append(f"decode positions {ctx + cfg.warmup}..{caches[0].offset}")
+        notes.append(f"decode positions {ctx + cfg.warmup}..{caches[0].offset - 1}")  # the timed steps' own
+        if cfg.warmup == 0:
+            notes.append("no warmup (--warmup 0): one-time costs (allocation, compilation) fall in the timed steps")
         out.update(
             decode_tok_s=round(med, 3),
             decode_tok_s_min=round(min(speeds), 3),

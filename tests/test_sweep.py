@@ -3,6 +3,7 @@ config validation, sharding over CPU workers."""
 
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -483,3 +484,16 @@ def test_capacity_on_cpu_is_the_kv_that_fits_the_budget_beside_the_weights(tmp_p
         assert int(over["batch"]) == int(ok["batch"]) + 1
         assert float(ok["kv_bytes"]) <= budget < per_seq * int(over["batch"]), (mode, ok["kv_bytes"], per_seq)
         assert "fits in 0.01 GB (--memory-budget-gb) beside the weights" in ok["notes"]
+
+
+def test_decode_positions_note_names_the_timed_steps(tmp_path):
+    """gen x repeats timed steps after the warmup: `decode positions A..B` holds exactly that many (it once
+    ended one past the last); --warmup 0 says its timed steps carry the one-time costs."""
+    for warmup in (1, 0):
+        out = tmp_path / f"w{warmup}"
+        run(["decode-bench", *TINY, "--modes", "int8", "--contexts", "48", "--gen", "2", "--repeats", "2",
+             "--warmup", str(warmup), "--out", str(out)])  # fmt: skip
+        for r in read(out / "bench.csv"):
+            a, b = map(int, re.search(r"decode positions (\d+)\.\.(\d+)", r["notes"]).groups())
+            assert (a, b - a + 1) == (48 + warmup, 2 * 2), r["notes"]
+            assert ("no warmup (--warmup 0)" in r["notes"]) == (warmup == 0)
