@@ -320,9 +320,7 @@ class BenchJob:
             why = "random weights" if s.lm.synthetic else "no tokenizer" if s.lm.tokenizer is None else "--fill random"
             notes.append(f"context filled with random K/V (no prefill; {why})")
             tok = torch.randint(3, s.lm.args.vocab_size, (batch, 1), device=dev)
-        kv_bytes = sum(c.nbytes() for c in caches)
-        out["kv_bytes"] = kv_bytes
-        out["kv_bytes_per_token"] = round(kv_bytes / (batch * caches[0].live), 1)
+        filled = caches[0].live  # the context's tokens (a cap's live window); KV bytes are read after the decode
 
         fused = s.fused(caches)
         out["kernel"] = s.kernel if fused else "reference"
@@ -361,6 +359,11 @@ class BenchJob:
         med = statistics.median(speeds)
         peak, kind = peak_bytes(dev)
         step_s = batch / med
+        # KV bytes as the timed steps held them: a delegated cache folds its fp16 body into the cold form at its
+        # first decode step (read at the fill, it was all fp16: "same as fp16", the audit's rows said otherwise)
+        per_token = sum(c.nbytes() for c in caches) / (batch * caches[0].live)
+        kv_bytes = round(per_token * batch * filled)
+        out["kv_bytes"], out["kv_bytes_per_token"] = kv_bytes, round(per_token, 1)
         floor_s = (s.lm.weight_bytes() + kv_bytes) / self.bandwidth
         notes.append(f"decode positions {ctx + cfg.warmup}..{caches[0].offset - 1}")  # the timed steps' own
         if cfg.warmup == 0:

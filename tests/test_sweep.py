@@ -497,3 +497,16 @@ def test_decode_positions_note_names_the_timed_steps(tmp_path):
             a, b = map(int, re.search(r"decode positions (\d+)\.\.(\d+)", r["notes"]).groups())
             assert (a, b - a + 1) == (48 + warmup, 2 * 2), r["notes"]
             assert ("no warmup (--warmup 0)" in r["notes"]) == (warmup == 0)
+
+
+def test_kv_bytes_are_what_the_timed_steps_held(tmp_path):
+    """turbo4-delegated folds its fp16 body into the cold form at its first decode step: its KV bytes are read
+    after the decode (read at the fill they equalled fp16's); a mode of fixed bytes per token is unchanged."""
+    out = tmp_path / "d"
+    run(["decode-bench", *TINY, "--modes", "int8,turbo4-delegated", "--contexts", "256", "--gen", "2",
+         "--warmup", "1", "--repeats", "1", "--out", str(out)])  # fmt: skip
+    rows = {r["kv_cache_mode"]: r for r in read(out / "bench.csv")}
+    per = {m: float(r["kv_bytes_per_token"]) for m, r in rows.items()}
+    assert per["int8"] < per["turbo4-delegated"] < per["fp16"], per
+    for r in rows.values():  # the context's bytes: per token x the context's tokens
+        assert abs(float(r["kv_bytes"]) - float(r["kv_bytes_per_token"]) * 256) < 256, r
