@@ -113,7 +113,7 @@ def _bench_table(rows: list[dict], width: int) -> Table:
         eff = r.get("effective_mode")
         mode = r["kv_cache_mode"]
         if eff and eff != mode:  # measured as another mode: the CSV's status stays ok, its effective_mode says so
-            mode = f"{mode} (as {eff})"
+            mode = f"{mode} -> {eff}" if wide else f"{mode}*"
         cell = {
             "ctx": _ctx(r["context_tokens"]),
             "batch": str(r["batch"]),
@@ -137,6 +137,11 @@ def print_rows(job: str, rows: list[dict], console) -> None:
     else:
         t = _bench_table(rows, console.width)
     console.print(t)
+    ran_as = sorted({(r["kv_cache_mode"], r["effective_mode"]) for r in rows if r.get("effective_mode") not in
+                     (None, "", r["kv_cache_mode"])})  # fmt: skip
+    if job != "audit" and ran_as and console.width < WIDE_BENCH:
+        said = ", ".join(f"{m} ran as {e}" for m, e in ran_as)
+        console.print(f"* fallback on this model: {said} (bench.csv: effective_mode)", markup=False, highlight=False)
     for line in failure_lines(rows):
         console.print(line, markup=False, highlight=False)
 
