@@ -281,6 +281,11 @@ class BenchJob:
             "bandwidth_gbs": round(self.bandwidth / GB, 1),
         }
         notes = [n for n in (rope_note, res.note) if n]
+        if cfg.max_kv_size and cfg.max_kv_size >= self.s.total_positions(ctx):  # the audit skips such a cap
+            notes.append(
+                f"the KV cap {cfg.max_kv_size} is never reached ({self.s.total_positions(ctx)} positions): "
+                "nothing is trimmed, this is the uncapped decode"
+            )
         try:
             row.update(self._measure(res.effective, ctx, batch, notes))
             row["status"] = "ok"

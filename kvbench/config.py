@@ -370,6 +370,16 @@ def validate(cfg, origins: dict[str, str] | None = None, chosen: set[str] | None
         if cfg.memory_budget_gb is not None and not cfg.memory_budget_gb > 0:
             bad("memory_budget_gb", f"must be a positive number of GB, got {cfg.memory_budget_gb}")
 
+    # --keep shapes a live-KV cap: --max-kv-size, or the audit's --kv-cap-check
+    # (on the command line: a config's [common] keep may be there for the audit's --kv-cap-check alone)
+    if (
+        "keep" in (chosen or ())
+        and "keep" not in origins
+        and cfg.max_kv_size is None
+        and not getattr(cfg, "kv_caps", None)
+    ):
+        caps = "--max-kv-size" + (" or --kv-cap-check" if isinstance(cfg, AuditConfig) else "")
+        bad("keep", f"only shapes a live-KV cap; add {caps} (or leave it out)")
     # last, so that a bad value is named for what is wrong with it first
     for name, (switch, what) in NEEDS.items():
         if name in (chosen or ()) and hasattr(cfg, switch) and not getattr(cfg, switch):

@@ -132,11 +132,12 @@ def _bench_table(rows: list[dict], width: int) -> Table:
 def print_rows(job: str, rows: list[dict], console) -> None:
     if not rows:
         return
-    if job == "audit":
-        t = _audit_table(rows, console.width)
-    else:
-        t = _bench_table(rows, console.width)
-    console.print(t)
+    capacity = [] if job == "audit" else [r for r in rows if "capacity search" in (r.get("notes") or "")]
+    rows = [r for r in rows if not any(r is c for c in capacity)]
+    if rows:
+        console.print(_audit_table(rows, console.width) if job == "audit" else _bench_table(rows, console.width))
+    for line in capacity_lines(capacity):  # not table rows: a search's failing batch is not a failed cell
+        console.print(line, markup=False, highlight=False)
     ran_as = sorted({(r["kv_cache_mode"], r["effective_mode"]) for r in rows if r.get("effective_mode") not in
                      (None, "", r["kv_cache_mode"])})  # fmt: skip
     if job != "audit" and ran_as and console.width < WIDE_BENCH:
@@ -147,6 +148,22 @@ def print_rows(job: str, rows: list[dict], console) -> None:
 
 
 FAILED = ("error", "oom")
+
+
+def capacity_lines(rows: list[dict]) -> list[str]:
+    """The capacity search per mode and context: the largest batch that fit, and the first that did not."""
+    found: dict[tuple, dict] = {}
+    for r in rows:
+        at = found.setdefault((int(r["context_tokens"]), r["kv_cache_mode"]), {})
+        at["fits" if r.get("status") == "ok" else "fails"] = r
+    out = []
+    for (ctx, mode), at in found.items():
+        fits, fails = at.get("fits"), at.get("fails")
+        text = f"capacity at {_ctx(ctx)}: {mode} "
+        text += f"fits batch {fits['batch']}" if fits else "fits no batch"
+        text += f", not {fails['batch']}" if fails else ""
+        out.append(text)
+    return out
 
 
 def failure_lines(rows: list[dict]) -> list[str]:

@@ -178,6 +178,7 @@ def test_sparse_v_rows_and_report(tmp_path):
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--out", ""], "--out: is empty"),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--devices", ""], "--devices: is empty"),
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--prompt-file", ""], "--prompt-file: is empty"),
+        (["decode-bench", "--model", "dummy:tiny", "--contexts", "64", "--keep", "8"], "--keep: only shapes a live-KV"),
         (["decode-bench", "--model", "dummy:tiny", "--contexts", "64", "--plugin", " "], "--plugin: is empty"),
         # options that only shape a check are refused without it (they were ignored in silence)
         (["audit", "--model", "dummy:tiny", "--contexts", "64", "--niah-depths", "0.5"], "--niah-depths: only shapes"),
@@ -529,6 +530,9 @@ def test_bench_summary_table_fits_a_narrow_console():
         for m, tok, ratio in (("fp16", 814.9, 1.0), ("turbo4-delegated", 1234.6, 1.0039))
     ]  # fmt: skip
     rows.append({"context_tokens": 32768, "batch": 31, "kv_cache_mode": "fp16", "status": "oom"})
+    # a capacity search's pair (the largest batch that fit, the first that did not) is a line, not two table rows
+    search = {"context_tokens": 32768, "kv_cache_mode": "fp16", "notes": "capacity search at 32768 tokens: ..."}
+    rows += [{**search, "batch": 30, "status": "ok"}, {**search, "batch": 31, "status": "oom"}]
     # a fallback keeps the CSV's status (ok) and names the mode that ran, as bench.csv's effective_mode does
     rows.append({**rows[0], "kv_cache_mode": "turbo4", "effective_mode": "turbo4-asym", "decode_ratio_vs_fp16": 1.1})
     narrow, wide = Console(width=80, record=True), Console(width=WIDE_BENCH, record=True)
@@ -538,6 +542,7 @@ def test_bench_summary_table_fits_a_narrow_console():
     assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
     for cell in ("turbo4-delegated", "1234.6", "1.004x", "63.81", "86%", "oom", "32K", "in bench.csv"):
         assert cell in text, cell
+    assert "capacity at 32K: fp16 fits batch 30, not 31" in text and text.count("oom: 32K x31") == 1
     assert re.search(r"turbo4\*\s+ok", text) and "* fallback on this model: turbo4 ran as turbo4-asym" in text
     assert re.search(r"turbo4 -> turbo4-asym\W+ok", big) and "* fallback" not in big
     assert "88844" not in text and "88844" in big and "in bench.csv" not in big
