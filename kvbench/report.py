@@ -1824,6 +1824,7 @@ def _check_kernel(rows: pd.DataFrame) -> str:
     recs = rows.to_dict("records")
     shared, notes = hoist_notes(recs)
     table, older = [], []
+    flipped = False  # a row that agrees by KL although an argmax flipped at a clearer decision
     yard = any(_isnum(r.get("kl_kernel_fp32")) for r in recs)  # files written before the yardstick have none
     for r, note in zip(recs, notes, strict=True):
         kl, top1, flag = r.get("kl_div"), r.get("top1_agreement"), r.get("kernel_agrees")
@@ -1836,6 +1837,9 @@ def _check_kernel(rows: pd.DataFrame) -> str:
             if flag != by_kl:
                 older.append(f"`{r['kv_cache_mode']}` at {ctx_label(r['context_tokens'])}")
         verdict = _s(r.get("verdict"))
+        if agrees == "yes" and verdict == "diverged":  # close distributions, yet a clear decision flipped
+            agrees = "yes*"
+            flipped = True
         table.append(
             [
                 f"`{r['kv_cache_mode']}`",
@@ -1866,6 +1870,12 @@ def _check_kernel(rows: pd.DataFrame) -> str:
         " Argmax flips: none (identical), only where the reference's top two logits were within "
         "the near-tie margin (near-tie), or also at a clearer decision (diverged)."
     )
+    if flipped:
+        intro += (
+            " yes*: the paths agree by KL, yet an argmax flipped where the reference's top two logits were "
+            "further apart than the near-tie margin: their distributions are close, but a greedy decode "
+            "through the two would part there."
+        )
     if older:
         intro += (
             f" The audit's own call, written by an earlier rule (any flip at a clearer decision disagreed), "
