@@ -1790,9 +1790,16 @@ def _check_niah(g: Group, rows: pd.DataFrame) -> str:
         notes = list(dict.fromkeys(p for t in rows["notes"] for p in note_parts(t)))
         why = "/".join(_unique(rows["status"])) + (f": {_clip('; '.join(notes), 200)}" if notes else "")
         return f"No needle trial completed ({why or 'no status'})."
-    return f"Needle retrieved (hits / trials) by needle depth and context. Overall: {summary}.\n\n" + md_table(
-        ["Mode", "Depth", *[ctx_label(c) for c in ctxs]], table, "ll" + "r" * len(ctxs)
-    )
+    intro = f"Needle retrieved (hits / trials) by needle depth and context. Overall: {summary}."
+    if "fp16" in grids:  # where fp16 itself finds nothing, every mode matching it says nothing about the cache
+        hits, counts = grids["fp16"]
+        blind = [ctx_label(c) for j, c in enumerate(ctxs) if counts[:, j].sum() and np.nansum(hits[:, j]) == 0]
+        if blind:
+            intro += (
+                f" fp16 itself found no needle at {join_list(blind)}: the model cannot do the task there, so the "
+                "check cannot tell the modes apart at that context."
+            )
+    return intro + "\n\n" + md_table(["Mode", "Depth", *[ctx_label(c) for c in ctxs]], table, "ll" + "r" * len(ctxs))
 
 
 def _check_generic(g: Group, rows: pd.DataFrame) -> str:

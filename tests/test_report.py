@@ -1380,3 +1380,19 @@ def test_runs_of_another_dtype_or_kv_cap_are_apart(tmp_path):
 
 def f16_rows():
     return [("fp16", 610.0, 1.0), ("int8", 300.0, 0.49)]
+
+
+def test_niah_says_where_fp16_itself_finds_nothing(tmp_path):
+    """At a context where fp16 retrieves no needle the check cannot tell modes apart: the section says so
+    for that context only."""
+    rows = [_greedy("fp16", 2048, verdict="reference"), _greedy("fp16", 32768, verdict="reference")]
+    for mode in ("fp16", "int8"):
+        for ctx in (2048, 32768):
+            for depth in (0.0, 0.5):
+                hit = ctx == 2048
+                rows.append(
+                    _greedy(mode, ctx, verdict="", check="niah", niah_depth=depth, niah_hit=hit, identical_to_fp16=None)
+                )
+    niah = _section(render_report([write(tmp_path, audit=rows)]).read_text(), "## Needle in a haystack")
+    assert "fp16 itself found no needle at 32K: the model cannot do the task there" in niah
+    assert "at 2K" not in niah
