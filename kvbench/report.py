@@ -1462,10 +1462,11 @@ def _status_matrix(g: Group) -> str:
     # (the benchmark table has every batch).
     batches = {x for x in g.bench["batch"] if _isnum(x)} if len(g.bench) else set()
     at = f", batch {fmt_int(g.ref_batch)}" if g.ref_batch is not None and (len(batches) > 1 or g.ref_batch != 1) else ""
-    table = md_table(
-        ["Mode", "CLI flag", "Runs", "Output quality vs fp16", f"Decode vs fp16{at}", f"Peak memory{at}", "Notes"], rows
-    )
-    return table
+    head = ["Mode", "CLI flag", "Runs", "Output quality vs fp16", f"Decode vs fp16{at}", f"Peak memory{at}", "Notes"]
+    if not len(g.bench):  # an audit alone: no speed or memory columns of "not benchmarked" on every row
+        head, rows = head[:4] + head[6:], [r[:4] + r[6:] for r in rows]
+        return md_table(head, rows)
+    return md_table(head, rows)
 
 
 # The audit's long-context checks, summarised per mode beside the status matrix.

@@ -1396,3 +1396,13 @@ def test_niah_says_where_fp16_itself_finds_nothing(tmp_path):
     niah = _section(render_report([write(tmp_path, audit=rows)]).read_text(), "## Needle in a haystack")
     assert "fp16 itself found no needle at 32K: the model cannot do the task there" in niah
     assert "at 2K" not in niah
+
+
+def test_an_audit_alone_has_no_speed_columns(tmp_path):
+    """An audit without a benchmark: the status matrix drops its decode and memory columns (every row said
+    "not benchmarked" and "—")."""
+    rows = [_greedy("fp16", 2048, verdict="reference"), _greedy("int8", 2048)]
+    matrix = _section(render_report([write(tmp_path / "a", audit=rows)]).read_text(), "## Audit status matrix")
+    assert "| Mode | CLI flag | Runs | Output quality vs fp16 | Notes |" in matrix and "not benchmarked" not in matrix
+    both = render_report([write(tmp_path / "b", audit=rows, bench=bench_rows())]).read_text()
+    assert "Decode vs fp16" in _section(both, "## Audit status matrix")
