@@ -281,9 +281,10 @@ class BenchJob:
             "bandwidth_gbs": round(self.bandwidth / GB, 1),
         }
         notes = [n for n in (rope_note, res.note) if n]
-        if cfg.max_kv_size and cfg.max_kv_size >= self.s.total_positions(ctx):  # the audit skips such a cap
+        positions = self.s.total_positions(ctx)
+        if cfg.max_kv_size and cfg.max_kv_size >= positions:  # the audit skips such a cap
             notes.append(
-                f"the KV cap {cfg.max_kv_size} is never reached ({self.s.total_positions(ctx)} positions): "
+                f"the KV cap {cfg.max_kv_size} is never reached ({positions} positions): "
                 "nothing is trimmed, this is the uncapped decode"
             )
         try:

@@ -82,18 +82,14 @@ def _as_cli_list(name: str, value, base: str, where: str):
     if base not in ("list[int]", "list[float]"):
         return value
     parse = parse_int_list if base == "list[int]" else parse_float_list
-    if isinstance(value, int | float) and not isinstance(value, bool):  # `contexts = 2048`, as `--contexts 2048`
+    if isinstance(value, str | int | float) and not isinstance(value, bool):  # `contexts = 2048` or "2k,8k"
         value = [value]
-    parts = [value] if isinstance(value, str) else value
-    if not isinstance(parts, list) or not all(isinstance(v, str) for v in parts if not isinstance(v, int | float)):
+    if not isinstance(value, list) or not any(isinstance(v, str) for v in value):
         return value
     out = []
-    for v in parts:
-        if not isinstance(v, str):
-            out.append(v)
-            continue
+    for v in value:
         try:
-            out += parse(v, name)
+            out += parse(v, name) if isinstance(v, str) else [v]
         except KvbenchError as exc:
             raise KvbenchError(f"{where}: key '{name}':{str(exc).split(':', 1)[1]}") from None
     return out
@@ -215,6 +211,15 @@ def load_toml(path: str | Path, job: str, origins: dict | None = None) -> dict:
     return out
 
 
+def _once_each(values: dict, cls) -> dict:
+    """`--batch 1,1`, `--contexts 256,0.25k`: each value of a number list once, in first-seen order."""
+    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    return {
+        k: list(dict.fromkeys(v)) if types[k].startswith(("list[int]", "list[float]")) and v is not None else v
+        for k, v in values.items()
+    }
+
+
 def build_config(job: str, config_file: str | None, cli: dict):
     """File values, then command-line values that were given (not None) on top."""
     origins: dict[str, str] = {}
@@ -224,11 +229,7 @@ def build_config(job: str, config_file: str | None, cli: dict):
     chosen = set(origins) | set(given)  # the fields the user set, in the file or on the command line
     for k in given:
         origins.pop(k, None)
-    types = {f.name: str(f.type) for f in dataclasses.fields(JOB_CONFIGS[job])}
-    for k, v in values.items():  # `--batch 1,1`, `--contexts 256,0.25k`: each cell once, in first-seen order
-        if types[k].startswith(("list[int]", "list[float]")) and v is not None:
-            values[k] = list(dict.fromkeys(v))
-    cfg = JOB_CONFIGS[job](**values)
+    cfg = JOB_CONFIGS[job](**_once_each(values, JOB_CONFIGS[job]))
     # `--no-capacity` over a file that sets capacity and its budget (plan's jobs do): the file's budget is moot,
     # not an error; a check's option set without its switch anywhere still is
     off = {name for name, (switch, _) in NEEDS.items() if given.get(switch) is False and name in origins}
@@ -247,11 +248,7 @@ def check_other_jobs(job: str, config_file: str) -> None:
             continue
         origins: dict[str, str] = {}
         try:
-            values = load_toml(config_file, other, origins)
-            for k, v in values.items():
-                if str(next(f.type for f in dataclasses.fields(cls) if f.name == k)).startswith("list[") and v:
-                    values[k] = list(dict.fromkeys(v))
-            validate(cls(**values), origins)
+            validate(cls(**_once_each(load_toml(config_file, other, origins), cls)), origins)
         except KvbenchError as exc:
             raise KvbenchError(
                 f"{exc} (read by `kvbench {other}`; a config file is checked whole, before any work)"

@@ -1012,22 +1012,18 @@ def _enrich_bench(b: pd.DataFrame) -> pd.DataFrame:
 
 
 def _cap_of(df: pd.DataFrame) -> pd.Series:
-    """A benchmark row's live-KV cap as "N:keep" ("" for none): capped and uncapped decodes are not one cell."""
+    """A benchmark row's live-KV cap as its label, "KV cap 64 (keep 4)" ("" for none): capped and uncapped
+    decodes are not one cell."""
     cap = pd.to_numeric(df["max_kv_size"], errors="coerce")
     keep = pd.to_numeric(df["keep"], errors="coerce")
     return pd.Series(
-        [f"{int(c)}:{int(k) if _isnum(k) else ''}" if _isnum(c) else "" for c, k in zip(cap, keep, strict=True)],
+        [
+            f"KV cap {int(c)}" + (f" (keep {int(k)})" if _isnum(k) else "") if _isnum(c) else ""
+            for c, k in zip(cap, keep, strict=True)
+        ],
         index=df.index,
         dtype=object,
     )
-
-
-def _setup_label(dtype: str, cap: str, show_dtype: bool) -> str:
-    parts = [dtype] if show_dtype and dtype else []
-    if cap:
-        n, keep = cap.split(":")
-        parts.append(f"KV cap {n}" + (f" (keep {keep})" if keep else ""))
-    return ", ".join(parts)
 
 
 def build_groups(data: Results) -> list[Group]:
@@ -1050,7 +1046,7 @@ def build_groups(data: Results) -> list[Group]:
             sub_a = a[a_dtype == dtype] if not cap and len(a) else a.iloc[0:0]
             sub_b = b[(b_dtype == dtype) & (b_cap == cap)] if len(b) else b
             if len(sub_a) or len(sub_b):
-                setup = _setup_label(dtype, cap, show_dtype)
+                setup = ", ".join(p for p in (dtype if show_dtype else "", cap) if p)
                 groups.append(Group(device=device, model=model, audit=sub_a, bench_all=sub_b, setup=setup))
     for i, g in enumerate(groups):
         g.index, g.multi = i, len(groups) > 1
@@ -1465,7 +1461,6 @@ def _status_matrix(g: Group) -> str:
     head = ["Mode", "CLI flag", "Runs", "Output quality vs fp16", f"Decode vs fp16{at}", f"Peak memory{at}", "Notes"]
     if not len(g.bench):  # an audit alone: no speed or memory columns of "not benchmarked" on every row
         head, rows = head[:4] + head[6:], [r[:4] + r[6:] for r in rows]
-        return md_table(head, rows)
     return md_table(head, rows)
 
 

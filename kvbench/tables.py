@@ -133,7 +133,8 @@ def print_rows(job: str, rows: list[dict], console) -> None:
     if not rows:
         return
     capacity = [] if job == "audit" else [r for r in rows if "capacity search" in (r.get("notes") or "")]
-    rows = [r for r in rows if not any(r is c for c in capacity)]
+    searched = {id(r) for r in capacity}
+    rows = [r for r in rows if id(r) not in searched]
     if rows:
         console.print(_audit_table(rows, console.width) if job == "audit" else _bench_table(rows, console.width))
     for line in capacity_lines(capacity):  # not table rows: a search's failing batch is not a failed cell

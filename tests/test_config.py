@@ -251,13 +251,14 @@ def test_a_config_file_is_checked_whole(tmp_path):
 def test_a_cache_that_cannot_fit_fails_before_the_weights_load(monkeypatch, capsys, tmp_path):
     """A context x batch whose KV cache cannot fit is one line from the model's shapes (a preset, a folder's
     config.json), before the weights are built (for an 8B dummy on CPU, minutes of work)."""
+    from kvbench import session  # imported before the patch: importing it after would bind (and keep) the stub
     from kvbench.engine import weights
 
     def no_load(*a, **k):
         raise AssertionError("the weights loaded before the memory check")
 
+    monkeypatch.setattr(session, "load_model", no_load)
     monkeypatch.setattr(weights, "load_model", no_load)
-    monkeypatch.setattr("kvbench.session.load_model", no_load)
     out = tmp_path / "o"
     argv = ["kvbench", "decode-bench", "--model", "dummy:llama-3.1-8b", "--modes", "fp16", "--contexts", "32k",
             "--batch", "1000", "--out", str(out)]  # fmt: skip
