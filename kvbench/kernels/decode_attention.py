@@ -946,8 +946,11 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
     cfg["short_split"] = None  # (block, stages) for splits of two blocks (`launch_shape`); None: the config's
     cfg["split_tokens"] = 1024  # `choose_num_splits`' min_tokens: past lo programs an SM, splits keep this many
     if mode == "fp16":  # at batch 1, 17 splits (136 programs): 16 were 0.4% faster end to end at 2K, 0.4-0.6%
-        # slower at 8K and 32K (results/2026-12-02f-h200/experiments/l2-prefetch-rope, runs 9-12)
-        cfg["programs_per_sm"] = (1, 1)
+        # slower at 8K and 32K (results/2026-12-02f-h200/experiments/l2-prefetch-rope, runs 9-12). Its programs
+        # hold one an SM, so a count rounded up starts a second wave: `nearest` at batch 2 / 4 / 8 / 16 (8 / 4 /
+        # 2 / 1 splits, not 9 / 5 / 3 / 2) read +12.7% / +16.0% / +9.3% / +0.7% at 32K, +0.1-6.5% at 2K and 8K,
+        # alternating on one H200 (results/2026-12-05b-h200/fp16-rule); batch 1 keeps 16-17
+        cfg.update(programs_per_sm=(1, 1), nearest=True)
     elif mode == "int8":  # token-major V: ~2 programs per SM at batch 1 and 16 (2026-11-30 sweep)
         cfg.update(programs_per_sm=(2, 2), nearest=True)
     elif mode == "turbo4":  # K and V decoded: small programs (2026-12-01 wide sweep)
