@@ -636,6 +636,25 @@ def test_choose_num_splits():
     assert choose_num_splits(16, 8, 32768, programs_per_sm=(8, 64), min_tokens=512) == 64
 
 
+@pytest.mark.parametrize("capacity", [2048 + 64, 8192 + 64, 32768 + 200])
+def test_fp16_default_splits_fill_one_wave(capacity):
+    """fp16's programs hold one an SM: past batch 1 its split count is the nearest to one program per SM, so
+    the grid is one wave, not a wave and a sliver (rounded up, batch 4 ran 5 splits: 160 programs on 132 SMs)."""
+    cfg = default_config("fp16", overrides=False)
+
+    def splits(batch):
+        return choose_num_splits(
+            batch, 8, capacity, cfg["block_n"], None, cfg["programs_per_sm"], cfg.get("nearest", False), cfg["split_tokens"]
+        )
+
+    assert [splits(b) for b in (2, 4, 8, 16, 30)] == [8, 4, 2, 1, 1]
+    assert all(splits(b) * b * 8 <= 132 for b in (2, 4, 8, 16))
+    rounded_up = choose_num_splits(
+        1, 8, capacity, cfg["block_n"], None, cfg["programs_per_sm"], False, cfg["split_tokens"]
+    )
+    assert splits(1) == rounded_up == min(17, -(-capacity // cfg["block_n"]))  # batch 1 keeps its measured counts
+
+
 def test_launch_stages():
     """A third pipeline stage only while the grid has <= 2 programs per SM and splits of >= 4 blocks."""
     cfg = default_config("turbo4-asym")
