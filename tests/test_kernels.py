@@ -644,7 +644,14 @@ def test_fp16_default_splits_fill_one_wave(capacity):
 
     def splits(batch):
         return choose_num_splits(
-            batch, 8, capacity, cfg["block_n"], None, cfg["programs_per_sm"], cfg.get("nearest", False), cfg["split_tokens"]
+            batch,
+            8,
+            capacity,
+            cfg["block_n"],
+            None,
+            cfg["programs_per_sm"],
+            cfg.get("nearest", False),
+            cfg["split_tokens"],
         )
 
     assert [splits(b) for b in (2, 4, 8, 16, 30)] == [8, 4, 2, 1, 1]
