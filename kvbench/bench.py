@@ -167,10 +167,16 @@ class BenchJob:
         self.p.cell_done()
         return row
 
+    def times_capacity(self) -> bool:
+        """Whether the capacity search also times the decode at each mode's largest batch: on CUDA, where the
+        search allocates and decodes (off it the batch is arithmetic, far too large to time on a CPU)."""
+        return bool(self.cfg.capacity_speed) and self.s.device.type == "cuda"
+
     def _capacity_group(self, ctx: int) -> None:
         rope_note = fit_context(self.s.lm, ctx, self.cfg.yarn)
+        timed = ["timed"] if self.times_capacity() else []  # a resumed search without timing is not reused
         for mode in self.s.modes:
-            cell = key("bench-capacity", mode, ctx, self.params, *filter(None, [self.s.mode_digest(mode)]))
+            cell = key("bench-capacity", mode, ctx, self.params, *filter(None, [self.s.mode_digest(mode)]), *timed)
             if not self.sweep.is_done(cell):
                 for r in self._capacity(mode, ctx, rope_note):
                     self.sweep.emit({**r, "cell": cell})
@@ -241,7 +247,7 @@ class BenchJob:
         }
         how = "allocated and decoded" if s.device.type == "cuda" else "estimated from buffer sizes, not allocated"
         gb = budget / GB  # 133.2, 0.05: a small budget is not rounded to "0.0 GB"
-        room = (f"{gb:.1f}" if gb >= 1 else f"{gb:.3f}".rstrip("0")) + " GB"
+        room = (f"{gb:.1f}" if gb >= 1 else f"{gb:.3g}") + " GB"  # 0.01, 0.0002: never "0." nor "0.0"
         room += " (--memory-budget-gb)" if self.cfg.memory_budget_gb else ""
         note = f"capacity search at {ctx} tokens: largest batch that fits in {room} beside the weights ({how})"
         if best and hi is not None and hi - lo > 1:  # the probe limit reached first: say it is a bound
@@ -253,9 +259,48 @@ class BenchJob:
         if best:
             rows.append({**base, **best, "batch": lo, "status": "ok", "notes": notes,
                          "kv_bytes_per_token": round(best["kv_bytes"] / (lo * ctx), 1)})  # fmt: skip
+            if self.times_capacity():
+                rows += self._time_capacity(rows[0], res.effective, ctx)
         if hi is not None:
             rows.append({**base, "batch": hi, "status": "oom", "notes": notes})
         return rows
+
+    def _time_capacity(self, found: dict, mode: str, ctx: int, tries: int = 3) -> list[dict]:
+        """Decode speed at the largest batch the search found (`found`, its row), measured as any cell is: a
+        filled cache (random K/V: a prefill of that batch would need more memory than the decode), warm-up,
+        CUDA graphs, repeats. The search's two steps fill nothing and capture no graph, so a batch may run out
+        of memory here: then the next smaller one is timed, up to `tries` batches, in a row of its own. Updates
+        `found` in place when its own batch is timed; returns the extra row, if any."""
+        cfg, top = self.cfg, found["batch"]
+        timing = {"gen_tokens": cfg.gen, "repeats": cfg.repeats, "warmup": cfg.warmup,
+                  "bandwidth_gbs": round(self.bandwidth / GB, 1)}  # fmt: skip
+        for batch in range(top, max(0, top - tries), -1):
+            self.p.step(f"capacity {ctx} {found['kv_cache_mode']}: decode at batch {batch}", 1)
+            notes: list[str] = []
+            try:
+                out = self._measure(mode, ctx, batch, notes, fill="random")
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:
+                if is_oom(exc):
+                    continue
+                found["notes"] = join_notes(found["notes"], f"decode at batch {batch} not timed: {one_line(exc)}")
+                return []
+            finally:
+                release(self.s.device)
+            if batch == top:
+                found.update(out, **timing, notes=join_notes(found["notes"], f"decode timed at batch {batch}", *notes))
+                return []
+            why = f"batch {top} fit the search's two untimed steps, not a filled cache with CUDA graphs"
+            said = f"decode timed at batch {batch}, the largest that ran timed ({why})"
+            found["notes"] = join_notes(found["notes"], said)
+            return [{**found, **out, **timing, "batch": batch, "notes": join_notes(found["notes"], *notes)}]
+        low = max(1, top - tries + 1)
+        found["notes"] = join_notes(
+            found["notes"],
+            f"decode not timed: batches {low}-{top} ran out of memory with a filled cache and CUDA graphs",
+        )
+        return []
 
     # ---------------------------------------------------------------------- cell
     def _cell(self, mode: str, ctx: int, batch: int, rope_note: str) -> dict:
@@ -301,7 +346,8 @@ class BenchJob:
         self.p.cell_done()
         return row
 
-    def _measure(self, mode: str, ctx: int, batch: int, notes: list[str]) -> dict:
+    def _measure(self, mode: str, ctx: int, batch: int, notes: list[str], fill: str | None = None) -> dict:
+        """One cell's measurement; `fill` overrides --fill (the capacity search's timing fills random K/V)."""
         cfg, s = self.cfg, self.s
         model, dev = s.lm.model, s.device
         label = f"{ctx} x{batch} {mode}"
@@ -309,7 +355,7 @@ class BenchJob:
         reset_peak(dev)
         caches = s.caches(mode, batch=batch, capacity=min(total, cfg.max_kv_size or total) + 1)
         cap = KVCap(cfg.max_kv_size, cfg.keep) if cfg.max_kv_size else None
-        fill = self.fill_kind()
+        forced, fill = fill, fill or self.fill_kind()
         out: dict = {"prefill_source": fill}
         self.p.step(f"{label}: {'prefill' if fill == 'prefill' else 'random K/V fill'}", ctx)
         synchronize(dev)
@@ -323,7 +369,12 @@ class BenchJob:
             tok = logits.argmax(-1, keepdim=True)
         else:
             random_fill(caches, ctx, s.lm.args, dev, s.dtype, cap=cap)
-            why = "random weights" if s.lm.synthetic else "no tokenizer" if s.lm.tokenizer is None else "--fill random"
+            why = (
+                "random weights" if s.lm.synthetic
+                else "no tokenizer" if s.lm.tokenizer is None
+                else "the capacity search's timing" if forced
+                else "--fill random"
+            )  # fmt: skip
             notes.append(f"context filled with random K/V (no prefill; {why})")
             tok = torch.randint(3, s.lm.args.vocab_size, (batch, 1), device=dev)
         filled = caches[0].live  # the context's tokens (a cap's live window); KV bytes are read after the decode

@@ -609,6 +609,15 @@ def decode_bench(
             show_default=False,
         ),
     ] = None,
+    capacity_speed: Annotated[
+        bool | None,
+        typer.Option(
+            "--capacity-speed/--no-capacity-speed",
+            help="With --capacity on a GPU, also time the decode at each mode's largest batch: tok/s per GPU at "
+            "capacity (the cache filled with random K/V). \\[default: on]",
+            show_default=False,
+        ),
+    ] = None,
     memory_budget_gb: Annotated[
         float | None,
         typer.Option(help="Memory budget for --capacity. \\[default: free device memory]", show_default=False),

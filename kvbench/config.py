@@ -68,6 +68,7 @@ class BenchConfig(Common):
     repeats: int = 3
     fill: str = "auto"
     capacity: bool = False
+    capacity_speed: bool = True
     memory_budget_gb: float | None = None
 
 
@@ -262,6 +263,7 @@ NEEDS = {
     "ppl_windows": ("ppl", "shapes the --ppl check"),
     "ppl_chunk": ("ppl", "shapes the --ppl check"),
     "memory_budget_gb": ("capacity", "bounds the --capacity search"),
+    "capacity_speed": ("capacity", "times the --capacity search's largest batch"),
 }
 
 
@@ -378,8 +380,13 @@ def validate(cfg, origins: dict[str, str] | None = None, chosen: set[str] | None
         caps = "--max-kv-size" + (" or --kv-cap-check" if isinstance(cfg, AuditConfig) else "")
         bad("keep", f"only shapes a live-KV cap; add {caps} (or leave it out)")
     # last, so that a bad value is named for what is wrong with it first
-    for name, (switch, what) in NEEDS.items():
-        if name in (chosen or ()) and hasattr(cfg, switch) and not getattr(cfg, switch):
+    for name, (switch, what) in NEEDS.items():  # (a switch turned off, `--no-capacity-speed`, asks for nothing)
+        if (
+            name in (chosen or ())
+            and hasattr(cfg, switch)
+            and not getattr(cfg, switch)
+            and getattr(cfg, name) is not False
+        ):
             bad(name, f"only {what}; add --{switch} (or leave it out)")
     if "niah_depths" in (chosen or ()) and getattr(cfg, "niah", False) and not cfg.niah_depths:
         bad("niah_depths", "is empty: give at least one depth, e.g. 0.5, or leave it out for the default")

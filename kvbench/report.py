@@ -2155,10 +2155,18 @@ def _estimated(df: pd.DataFrame) -> pd.Series:
     return df["notes"].str.contains("not allocated", case=False, regex=False) | (df["peak_mem_kind"] == "cpu_estimate")
 
 
+def _capacity_speed(c: pd.DataFrame) -> dict:
+    """(mode, context) -> the timed row at the largest timed batch of a capacity search (`--capacity-speed`)."""
+    ok = c[c["status"].isin(["ok", ""]) & c["batch"].notna() & c["decode_tok_s"].map(_isnum)]
+    return {k: sub.sort_values("batch").iloc[-1] for k, sub in ok.groupby(["kv_cache_mode", "context_tokens"])}
+
+
 def _capacity_table(g: Group) -> str:
     c = g.capacity
     rows = []
     c = c.assign(_mk=c["kv_cache_mode"].map(mode_key), _est=_estimated(c))
+    speed = _capacity_speed(c)
+    timed_any = bool(speed)
     for (_mk, mode, ctx), sub in c.groupby(["_mk", "kv_cache_mode", "context_tokens"], sort=True, dropna=False):
         ok = sub[sub["status"].isin(["ok", ""]) & sub["batch"].notna()]
         best = ok.sort_values("batch").iloc[-1] if len(ok) else None
@@ -2174,10 +2182,29 @@ def _capacity_table(g: Group) -> str:
             max_batch = fmt_int(best["batch"]) if best is not None else "none"
             failing = f"{fmt_int(first_fail['batch'])} ({first_fail['status']})" if first_fail is not None else "—"
         peak = fmt_gb(best["peak_mem_gb"]) if best is not None else "—"
-        rows.append([f"`{mode}`", ctx_label(ctx), max_batch, peak, failing])
+        row = [f"`{mode}`", ctx_label(ctx), max_batch, peak, failing]
+        if timed_any:
+            t, base = speed.get((mode, ctx)), speed.get(("fp16", ctx))
+            tok = "—" if t is None else fmt_tok(t["decode_tok_s"])
+            if t is not None and best is not None and t["batch"] != best["batch"]:
+                tok += f" (batch {fmt_int(t['batch'])})"
+            vs = "—"
+            if t is not None and base is not None:
+                vs = "1.00x" if mode == "fp16" else fmt_ratio(t["decode_tok_s"] / base["decode_tok_s"])
+            row += [tok, vs]
+        rows.append(row)
     intro = []
     if not c["_est"].all():
         intro.append("Largest batch that ran (status ok) in the capacity search.")
+    if timed_any:
+        intro.append(
+            "**Decode tok/s at max** is the decode at that batch, timed as a benchmark cell is (the cache filled "
+            "with random K/V, warm-up, repeats; `--capacity-speed`), summed over the batch: what one GPU serves "
+            "at that context when each mode holds as many sequences as fit. A batch that fit the search's two "
+            "untimed steps but not a timed run (a filled cache, CUDA graphs) is timed one smaller, named in "
+            "brackets. **vs fp16 at its max** divides it by fp16's at fp16's own largest batch: the throughput a "
+            "smaller cache buys, batch size included."
+        )
     budgets = _unique(m.group(1) for n in c["notes"] for m in [re.search(r"fits in ([\d.]+ GB)", _s(n))] if m)
     if budgets:
         intro.append(
@@ -2194,7 +2221,12 @@ def _capacity_table(g: Group) -> str:
     return (
         " ".join(intro)
         + "\n\n"
-        + md_table(["Mode", "Context", "Max batch", "Peak GB at max", "First failing batch"], rows, "llrrr")
+        + md_table(
+            ["Mode", "Context", "Max batch", "Peak GB at max", "First failing batch"]
+            + (["Decode tok/s at max", "vs fp16 at its max"] if timed_any else []),
+            rows,
+            "llrrr" + ("rr" if timed_any else ""),
+        )
     )
 
 
@@ -3007,7 +3039,21 @@ def _recommend(g: Group) -> list[str]:
                 for m in order_modes(best.index)
             ]
             head = f"Capacity at {ctx_label(cmax)}" + (" (estimated from buffer sizes, not allocated)" if every else "")
-            lines.append(f"{head}: " + ", ".join(bits) + ".")
+            text = f"{head}: " + ", ".join(bits) + "."
+            speed = {m: r for (m, ctx), r in _capacity_speed(sub).items()}
+            base = speed.get("fp16")
+            if base is not None and len(speed) > 1:  # tok/s per GPU at capacity, each mode at its own batch
+                more = sorted(
+                    ((r["decode_tok_s"] / base["decode_tok_s"], m) for m, r in speed.items() if m != "fp16"),
+                    key=lambda t: (-t[0], mode_key(t[1])),
+                )
+                text += (
+                    f" At those batches one GPU decodes {fmt_tok(base['decode_tok_s'])} tok/s with `fp16`"
+                    f" (batch {fmt_int(base['batch'])}); "
+                    + ", ".join(f"`{m}` {fmt_ratio(x)} that (batch {fmt_int(speed[m]['batch'])})" for x, m in more)
+                    + "."
+                )
+            lines.append(text)
     # Avoid
     # (never fp16: it is the reference every verdict is measured against)
     bad = [m for m in g.modes if m != "fp16" and any(q.kind in BAD_KINDS for q in g.mode_quality(m))]

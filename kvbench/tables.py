@@ -152,17 +152,29 @@ FAILED = ("error", "oom")
 
 
 def capacity_lines(rows: list[dict]) -> list[str]:
-    """The capacity search per mode and context: the largest batch that fit, and the first that did not."""
+    """The capacity search per mode and context: the largest batch that fit, the first that did not, and the
+    decode speed at the largest batch that was timed (`--capacity-speed`), beside fp16's at its own."""
     found: dict[tuple, dict] = {}
     for r in rows:
         at = found.setdefault((int(r["context_tokens"]), r["kv_cache_mode"]), {})
-        at["fits" if r.get("status") == "ok" else "fails"] = r
+        if r.get("status") != "ok":
+            at["fails"] = r
+            continue
+        for kind, keep in (("fits", True), ("timed", r.get("decode_tok_s") not in (None, ""))):
+            if keep and (kind not in at or int(r["batch"]) > int(at[kind]["batch"])):
+                at[kind] = r
     out = []
     for (ctx, mode), at in found.items():
-        fits, fails = at.get("fits"), at.get("fails")
+        fits, fails, timed = at.get("fits"), at.get("fails"), at.get("timed")
         text = f"capacity at {_ctx(ctx)}: {mode} "
         text += f"fits batch {fits['batch']}" if fits else "fits no batch"
         text += f", not {fails['batch']}" if fails else ""
+        if timed:
+            tok = float(timed["decode_tok_s"])
+            text += f"; decodes {tok:.1f} tok/s" + (f" at batch {timed['batch']}" if timed is not fits else "")
+            base = found.get((ctx, "fp16"), {}).get("timed")
+            if base and mode != "fp16":
+                text += f" ({tok / float(base['decode_tok_s']):.2f}x fp16 at its batch {base['batch']})"
         out.append(text)
     return out
 

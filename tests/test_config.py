@@ -280,3 +280,14 @@ def test_a_switch_turned_off_over_a_file_makes_its_option_moot(tmp_path):
         build_config("decode-bench", plain, {})
     with pytest.raises(KvbenchError, match="only bounds the --capacity search"):  # both on the command line
         build_config("decode-bench", None, {"capacity": False, "memory_budget_gb": 0.05})
+
+
+def test_capacity_speed_needs_the_capacity_search_unless_turned_off(tmp_path):
+    """--capacity-speed without --capacity would time nothing: refused; --no-capacity-speed asks for nothing, so
+    it passes on its own (a file may set it for a job that leaves the search off)."""
+    with pytest.raises(KvbenchError, match="--capacity-speed: only times the --capacity search's largest batch"):
+        build_config("decode-bench", None, {"capacity_speed": True})
+    assert build_config("decode-bench", None, {"capacity_speed": False}).capacity_speed is False
+    path = write(tmp_path / "c.toml", "[decode-bench]\ncapacity_speed = false\n")
+    assert build_config("decode-bench", path, {}).capacity_speed is False
+    assert build_config("decode-bench", None, {"capacity": True}).capacity_speed is True  # the default

@@ -522,3 +522,65 @@ def test_a_bench_cap_never_reached_says_so(tmp_path):
         for r in read(out / "bench.csv"):
             assert ("is never reached" in r["notes"]) == said, r["notes"]
             assert not said or "KV cap 1000 is never reached (67 positions)" in r["notes"]
+
+
+def _capacity_run(tmp_path, monkeypatch, name, extra=()):
+    """decode-bench --capacity on dummy:tiny with the GPU-only timing switched on (the CPU search is arithmetic,
+    so `times_capacity` is patched; the timing itself is the ordinary CPU cell)."""
+    from kvbench.bench import BenchJob
+
+    monkeypatch.setattr(BenchJob, "times_capacity", lambda self: self.cfg.capacity_speed)
+    out = tmp_path / name
+    run(["decode-bench", *TINY, "--modes", "fp16,int8", "--contexts", "64", "--gen", "2", "--warmup", "1",
+         "--repeats", "1", "--capacity", "--memory-budget-gb", "0.0002", *extra, "--out", str(out)])  # fmt: skip
+    return out, [r for r in read(out / "bench.csv") if "capacity search" in r["notes"]]
+
+
+def test_capacity_speed_times_the_largest_batch(tmp_path, monkeypatch):
+    """--capacity-speed (on by default): each mode's largest batch is decoded and timed like a cell (random K/V,
+    warm-up, repeats), in the search's own row; the console and the report set it beside fp16's at its batch."""
+    out, cap = _capacity_run(tmp_path, monkeypatch, "on")
+    ok = {r["kv_cache_mode"]: r for r in cap if r["status"] == "ok"}
+    assert set(ok) == {"fp16", "int8"} and int(ok["int8"]["batch"]) > int(ok["fp16"]["batch"]) > 1, ok
+    for r in ok.values():
+        assert float(r["decode_tok_s"]) > 0 and r["repeats"] == "1" and r["gen_tokens"] == "2", r
+        assert f"decode timed at batch {r['batch']}" in r["notes"] and "random K/V" in r["notes"], r["notes"]
+        assert float(r["kv_bytes_per_token"]) > 0
+        assert "fits in 0.0002 GB (--memory-budget-gb)" in r["notes"]  # (once printed as "0. GB")
+    run(["report", str(out)])
+    report = (out / "report.md").read_text()
+    assert "| Decode tok/s at max | vs fp16 at its max |" in report
+    ratio = float(ok["int8"]["decode_tok_s"]) / float(ok["fp16"]["decode_tok_s"])
+    assert f"`int8` {ratio:.2f}x that (batch {ok['int8']['batch']})" in report
+    # off: the search alone, as before
+    _, cap = _capacity_run(tmp_path, monkeypatch, "off", ["--no-capacity-speed"])
+    assert all(r["decode_tok_s"] == "" and "decode timed" not in r["notes"] for r in cap), cap
+
+
+def test_capacity_speed_steps_down_a_batch_that_runs_out_of_memory_timed(tmp_path, monkeypatch):
+    """The search decodes two steps on an unfilled cache; a timed run fills it and captures graphs, so the largest
+    batch may not run timed: the next smaller one is timed in a row of its own, and the search's row says so."""
+    from kvbench.bench import BenchJob
+
+    measure = BenchJob._measure
+    tops: dict[str, int] = {}
+
+    def tight(self, mode, ctx, batch, notes, fill=None):
+        if fill == "random" and batch >= tops.setdefault(mode, batch):  # the first batch timed is the search's
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        return measure(self, mode, ctx, batch, notes, fill)
+
+    monkeypatch.setattr(BenchJob, "_measure", tight)
+    _, cap = _capacity_run(tmp_path, monkeypatch, "down")
+    for mode, top in tops.items():
+        rows = sorted(
+            (r for r in cap if r["kv_cache_mode"] == mode and r["status"] == "ok"), key=lambda r: int(r["batch"])
+        )
+        assert [int(r["batch"]) for r in rows] == [top - 1, top], rows
+        low, high = rows
+        assert high["decode_tok_s"] == "" and float(low["decode_tok_s"]) > 0
+        assert f"decode timed at batch {top - 1}, the largest that ran timed (batch {top} fit" in high["notes"]
+    from kvbench.tables import capacity_lines
+
+    lines = "\n".join(capacity_lines(cap))
+    assert f"decodes {float(low['decode_tok_s']):.1f} tok/s at batch {top - 1}" in lines, lines
