@@ -630,6 +630,11 @@ def test_choose_num_splits():
     # int8's rule: ~2 programs per SM, rounded to the nearest count of splits
     assert choose_num_splits(16, 8, 32768, programs_per_sm=(2, 2), nearest=True) == 2
     assert choose_num_splits(1, 8, 32768, programs_per_sm=(2, 2), nearest=True) == 33
+    # "down": never past lo programs an SM (264 slots): batch 2 takes 16 (256 programs), not 17 (272)
+    assert choose_num_splits(2, 8, 32768, programs_per_sm=(2, 2), nearest=True) == 17
+    assert choose_num_splits(2, 8, 32768, programs_per_sm=(2, 2), nearest="down") == 16
+    assert choose_num_splits(3, 8, 32768, programs_per_sm=(1, 1), nearest="down") == 5  # 120 of 132, not 144
+    assert choose_num_splits(64, 8, 32768, programs_per_sm=(1, 1), nearest="down") == 1
     assert choose_num_splits(16, 8, 32768, programs_per_sm=(2, 16)) == 17  # turbo at batch 16: short splits
     # the token floor caps hi: 64 programs an SM would be 66 splits; 32 keep >= 1024 tokens, 64 keep >= 512
     assert choose_num_splits(16, 8, 32768, programs_per_sm=(8, 64)) == 32

@@ -877,7 +877,7 @@ def choose_num_splits(
     block_n: int = 128,
     device=None,
     programs_per_sm=(2, 4),
-    nearest: bool = False,
+    nearest: bool | str = False,
     min_tokens: int = 1024,
     wave: int = 0,
 ) -> int:
@@ -889,7 +889,7 @@ def choose_num_splits(
     ran faster with 16 one-block splits than with 8 of two blocks: fp16 9.5 -> 8.8 us,
     int8 10.0 -> 9.2, turbo4-asym 12.5 -> 10.4 on the H200). `nearest`: programs per SM
     rounded to the nearest count of splits, not up (int8 at batch 16: 2 splits, 256
-    programs, beat 3 or 5).
+    programs, beat 3 or 5); "down": rounded down, so the grid never passes lo programs an SM.
 
     `wave`: the split kernel's programs an SM holds at once (0: ignore waves). The count is then
     the one, from the lower bound up to the rule's, that minimises waves x tokens per split
@@ -903,6 +903,8 @@ def choose_num_splits(
     rows = batch * n_kv_heads
 
     def per_row(programs):  # splits that put `programs` programs on every SM
+        if nearest == "down":  # never past `programs` an SM: no sliver of a second wave
+            return max(1, programs * sms // rows)
         return max(1, (programs * sms + rows // 2) // rows) if nearest else triton.cdiv(programs * sms, rows)
 
     splits = max(min(per_row(hi), triton.cdiv(capacity, min_tokens)), per_row(lo))
