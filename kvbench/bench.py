@@ -187,11 +187,20 @@ class BenchJob:
         """Allocate `batch` caches of `ctx` tokens and run two decode steps; None on OOM."""
         s = self.s
         if s.device.type != "cuda":  # a CPU allocation never fails: the OS kills the process instead
-            probe = s.caches(mode, batch=1, capacity=1)
-            kv = batch * ctx * sum(c.bytes_per_token() for c in probe)
-            if kv > self._budget:  # the budget is what is free beside the (loaded) weights
+            # The caches the GPU search would allocate, built without storage: their buffers at capacity price
+            # fixed side buffers too (turbo4-delegated's fp16 hot window), which a per-token price leaves out.
+            try:
+                meta = s.caches(mode, batch=batch, capacity=ctx + 4, device="meta")
+                held = sum(c.capacity_nbytes() for c in meta)
+                for c in meta:
+                    c.pretend_filled(ctx)
+                kv = sum(c.nbytes() for c in meta)  # the live tokens' bytes, as the GPU rows report them
+            except (NotImplementedError, RuntimeError):  # a plugin's cache that needs storage to be built
+                probe = s.caches(mode, batch=1, capacity=1)
+                held = kv = batch * ctx * sum(c.bytes_per_token() for c in probe)
+            if held > self._budget:  # the budget is what is free beside the (loaded) weights
                 return None
-            need = kv + s.lm.weight_bytes()
+            need = held + s.lm.weight_bytes()
             return {"kv_bytes": kv, "peak_mem_gb": round(need / GB, 4), "peak_mem_kind": "cpu_estimate"}
         caches = step = tok = None
         try:
@@ -261,6 +270,8 @@ class BenchJob:
                          "kv_bytes_per_token": round(best["kv_bytes"] / (lo * ctx), 1)})  # fmt: skip
             if self.times_capacity():
                 rows += self._time_capacity(rows[0], res.effective, ctx)
+            elif self.cfg.capacity_speed:  # asked for (it is on by default), and the row says why it is not there
+                rows[0]["notes"] = join_notes(notes, "its decode is timed on a GPU only (--capacity-speed)")
         if hi is not None:
             rows.append({**base, "batch": hi, "status": "oom", "notes": notes})
         return rows
@@ -268,38 +279,51 @@ class BenchJob:
     def _time_capacity(self, found: dict, mode: str, ctx: int, tries: int = 3) -> list[dict]:
         """Decode speed at the largest batch the search found (`found`, its row), measured as any cell is: a
         filled cache (random K/V: a prefill of that batch would need more memory than the decode), warm-up,
-        CUDA graphs, repeats. The search's two steps fill nothing and capture no graph, so a batch may run out
-        of memory here: then the next smaller one is timed, up to `tries` batches, in a row of its own. Updates
-        `found` in place when its own batch is timed; returns the extra row, if any."""
-        cfg, top = self.cfg, found["batch"]
+        CUDA graphs, repeats; the whole context held, as the search holds it (no --max-kv-size). The search's
+        two steps fill nothing and capture no graph, so a batch may run out of memory here, or past
+        --memory-budget-gb: then the next smaller one is timed, up to `tries` batches, in a row of its own.
+        Updates `found` in place when its own batch is timed (its peak stays the search's, comparable across
+        modes; the timed peak goes in its notes); returns the extra row, if any."""
+        cfg, s, top = self.cfg, self.s, found["batch"]
         timing = {"gen_tokens": cfg.gen, "repeats": cfg.repeats, "warmup": cfg.warmup,
                   "bandwidth_gbs": round(self.bandwidth / GB, 1)}  # fmt: skip
+        failed: list[str] = []  # why each tried batch did not run timed
         for batch in range(top, max(0, top - tries), -1):
             self.p.step(f"capacity {ctx} {found['kv_cache_mode']}: decode at batch {batch}", 1)
             notes: list[str] = []
             try:
-                out = self._measure(mode, ctx, batch, notes, fill="random")
+                out = self._measure(mode, ctx, batch, notes, fill="random", capped=False)
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
                 if is_oom(exc):
+                    failed.append("out of memory")
                     continue
-                found["notes"] = join_notes(found["notes"], f"decode at batch {batch} not timed: {one_line(exc)}")
+                found["notes"] = join_notes(found["notes"], f"decode not timed at batch {batch}: {one_line(exc)}")
                 return []
             finally:
-                release(self.s.device)
+                release(s.device)
+            over = out["peak_mem_gb"] * GB - s.lm.weight_bytes()  # the search's own test (`_fits`), on CUDA
+            if cfg.memory_budget_gb and s.device.type == "cuda" and over > self._budget:
+                failed.append(f"peak {out['peak_mem_gb']:.3g} GB, past --memory-budget-gb beside the weights")
+                continue
+            peak = f"timed decode's peak {out['peak_mem_gb']} GB"
             if batch == top:
-                found.update(out, **timing, notes=join_notes(found["notes"], f"decode timed at batch {batch}", *notes))
+                kept = {k: v for k, v in out.items() if k not in ("peak_mem_gb", "peak_mem_kind")}
+                said = join_notes(found["notes"], f"decode timed at batch {batch} ({peak})", *notes)
+                found.update(kept, **timing, notes=said)
                 return []
-            why = f"batch {top} fit the search's two untimed steps, not a filled cache with CUDA graphs"
+            how = "a filled cache with CUDA graphs" if out.get("cuda_graphs") else "a filled cache"
+            why = f"batch {top} fit the search's two untimed steps, not {how}"
+            why += f" ({'; '.join(f'batch {top - i}: {f}' for i, f in enumerate(failed))})"
             said = f"decode timed at batch {batch}, the largest that ran timed ({why})"
             found["notes"] = join_notes(found["notes"], said)
-            return [{**found, **out, **timing, "batch": batch, "notes": join_notes(found["notes"], *notes)}]
+            note = join_notes(found["notes"], *notes, f"peak is the {peak.replace(' peak', '')}")
+            return [{**found, **out, **timing, "batch": batch, "notes": note}]
         low = max(1, top - tries + 1)
-        found["notes"] = join_notes(
-            found["notes"],
-            f"decode not timed: batches {low}-{top} ran out of memory with a filled cache and CUDA graphs",
-        )
+        where = f"batch {top}" if low == top else f"batches {low}-{top}"
+        reasons = "; ".join(f"batch {top - i}: {f}" for i, f in enumerate(failed))
+        found["notes"] = join_notes(found["notes"], f"decode not timed: {where} did not run timed ({reasons})")
         return []
 
     # ---------------------------------------------------------------------- cell
@@ -346,15 +370,19 @@ class BenchJob:
         self.p.cell_done()
         return row
 
-    def _measure(self, mode: str, ctx: int, batch: int, notes: list[str], fill: str | None = None) -> dict:
-        """One cell's measurement; `fill` overrides --fill (the capacity search's timing fills random K/V)."""
+    def _measure(
+        self, mode: str, ctx: int, batch: int, notes: list[str], fill: str | None = None, capped: bool = True
+    ) -> dict:
+        """One cell's measurement; `fill` overrides --fill (the capacity search's timing fills random K/V);
+        `capped=False` holds the whole context whatever --max-kv-size says (the capacity search's timing)."""
         cfg, s = self.cfg, self.s
         model, dev = s.lm.model, s.device
         label = f"{ctx} x{batch} {mode}"
         total = s.total_positions(ctx)
+        limit = cfg.max_kv_size if capped else None
         reset_peak(dev)
-        caches = s.caches(mode, batch=batch, capacity=min(total, cfg.max_kv_size or total) + 1)
-        cap = KVCap(cfg.max_kv_size, cfg.keep) if cfg.max_kv_size else None
+        caches = s.caches(mode, batch=batch, capacity=min(total, limit or total) + 1)
+        cap = KVCap(limit, cfg.keep) if limit else None
         forced, fill = fill, fill or self.fill_kind()
         out: dict = {"prefill_source": fill}
         self.p.step(f"{label}: {'prefill' if fill == 'prefill' else 'random K/V fill'}", ctx)

@@ -697,6 +697,9 @@ BENCH_CELL = [
     "boundary_v",
     "prefill_chunk",
 ]
+# A capacity row's cell: its search runs without CUDA graphs, and only a timed row (`--capacity-speed`) says
+# whether its decode used them, so a timed and an untimed search of one batch are the same cell (the later kept)
+CAPACITY_CELL = [c for c in BENCH_CELL if c != "cuda_graphs"]
 # How a row was made rather than what it measured: duplicates of a cell that differ here were run differently.
 SETTINGS_COLUMNS = (
     "gen_tokens",
@@ -851,16 +854,16 @@ class Group:
     def __post_init__(self) -> None:
         b = self.bench_all
         is_cap = b["notes"].str.contains("capacity", case=False, regex=False) if len(b) else pd.Series(dtype=bool)
-        self.capacity = _latest(b[is_cap], BENCH_CELL) if len(b) else b
+        self.capacity = _latest(b[is_cap], CAPACITY_CELL) if len(b) else b
         self.bench_main = _latest(b[~is_cap], BENCH_CELL) if len(b) else b
         self.bench = _enrich_bench(self.bench_main)
         self.duplicates = []
         if len(b):
-            for what, rows, kept in (
-                ("benchmark", b[~is_cap], self.bench_main),
-                ("capacity", b[is_cap], self.capacity),
+            for what, rows, kept, cell in (
+                ("benchmark", b[~is_cap], self.bench_main, BENCH_CELL),
+                ("capacity", b[is_cap], self.capacity, CAPACITY_CELL),
             ):
-                self.duplicates.append((what, *_dropped(rows, kept, [(rows, BENCH_CELL)])))
+                self.duplicates.append((what, *_dropped(rows, kept, [(rows, cell)])))
         a = self.audit
         if len(a):
             self.audit = _latest_audit(a)
@@ -2201,8 +2204,9 @@ def _capacity_table(g: Group) -> str:
             "**Decode tok/s at max** is the decode at that batch, timed as a benchmark cell is (the cache filled "
             "with random K/V, warm-up, repeats; `--capacity-speed`), summed over the batch: what one GPU serves "
             "at that context when each mode holds as many sequences as fit. A batch that fit the search's two "
-            "untimed steps but not a timed run (a filled cache, CUDA graphs) is timed one smaller, named in "
-            "brackets. **vs fp16 at its max** divides it by fp16's at fp16's own largest batch: the throughput a "
+            "untimed steps but not a timed run (a filled cache, CUDA graphs, or a peak past `--memory-budget-gb`) "
+            "is timed at the next smaller batch that runs (up to three tried), named in brackets; where none ran, "
+            "the row's notes in the CSV say why. Peak GB is the search's, as in untimed rows. **vs fp16 at its max** divides it by fp16's at fp16's own largest batch: the throughput a "
             "smaller cache buys, batch size included."
         )
     budgets = _unique(m.group(1) for n in c["notes"] for m in [re.search(r"fits in ([\d.]+ GB)", _s(n))] if m)
@@ -3048,7 +3052,8 @@ def _recommend(g: Group) -> list[str]:
                     key=lambda t: (-t[0], mode_key(t[1])),
                 )
                 text += (
-                    f" At those batches one GPU decodes {fmt_tok(base['decode_tok_s'])} tok/s with `fp16`"
+                    " At the largest batch each mode ran timed, one GPU decodes"
+                    f" {fmt_tok(base['decode_tok_s'])} tok/s with `fp16`"
                     f" (batch {fmt_int(base['batch'])}); "
                     + ", ".join(f"`{m}` {fmt_ratio(x)} that (batch {fmt_int(speed[m]['batch'])})" for x, m in more)
                     + "."

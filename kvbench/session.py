@@ -182,7 +182,10 @@ class Session:
         capacity: int = 0,
         kernel: str | None = None,
         dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
     ) -> list:
+        """One cache per layer of `mode` for this model. `device="meta"`: shapes and sizes without storage (the
+        CPU capacity estimate prices what a GPU would allocate, a mode's fixed side buffers included)."""
         a = self.lm.args
         return registry.build_caches(
             mode,
@@ -191,7 +194,7 @@ class Session:
             n_kv_heads=a.n_kv_heads,
             head_dim=a.head_dim,
             dtype=dtype or self.dtype,
-            device=self.device,
+            device=device or self.device,
             capacity=capacity,
             boundary_v=self.cfg.boundary_v,
             kernel=kernel or self.kernel,

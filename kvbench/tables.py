@@ -175,6 +175,9 @@ def capacity_lines(rows: list[dict]) -> list[str]:
             base = found.get((ctx, "fp16"), {}).get("timed")
             if base and mode != "fp16":
                 text += f" ({tok / float(base['decode_tok_s']):.2f}x fp16 at its batch {base['batch']})"
+        elif fits:  # timing was asked for and failed: say why here, not only in the CSV
+            said = [n for n in (fits.get("notes") or "").split("; ") if n.startswith("decode not timed")]
+            text += f"; {said[-1]}" if said else ""
         out.append(text)
     return out
 

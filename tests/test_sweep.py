@@ -481,9 +481,38 @@ def test_capacity_on_cpu_is_the_kv_that_fits_the_budget_beside_the_weights(tmp_p
         ok = next(r for r in cap if r["kv_cache_mode"] == mode and r["status"] == "ok")
         over = next(r for r in cap if r["kv_cache_mode"] == mode and r["status"] == "oom")
         per_seq = float(ok["kv_bytes"]) / int(ok["batch"])
+        held = per_seq * (256 + 4) / 256  # what the GPU search allocates: 4 slots past the context
         assert int(over["batch"]) == int(ok["batch"]) + 1
-        assert float(ok["kv_bytes"]) <= budget < per_seq * int(over["batch"]), (mode, ok["kv_bytes"], per_seq)
+        assert held * int(ok["batch"]) <= budget < held * int(over["batch"]), (mode, ok["kv_bytes"], per_seq)
         assert "fits in 0.01 GB (--memory-budget-gb) beside the weights" in ok["notes"]
+        assert "its decode is timed on a GPU only (--capacity-speed)" in ok["notes"]  # on by default: not done here
+
+
+def test_cpu_capacity_prices_the_delegated_hot_window(tmp_path):
+    """turbo4-delegated holds a fixed fp16 hot window beside its cold codes: the CPU estimate prices the buffers
+    a GPU would allocate (it once priced every token cold and found a larger batch than fits). The yardstick
+    is a real allocation of one sequence's caches on the CPU."""
+    import torch
+
+    from kvbench.kv import registry
+
+    out = tmp_path / "d"
+    run(["decode-bench", "--model", "dummy:tiny", "--quiet", "--modes", "turbo4-delegated", "--contexts", "256",
+         "--gen", "2", "--warmup", "0", "--repeats", "1", "--capacity", "--memory-budget-gb", "0.01",
+         "--out", str(out)])  # fmt: skip
+    cap = {r["status"]: r for r in read(out / "bench.csv") if "capacity search" in r["notes"]
+           and r["kv_cache_mode"] == "turbo4-delegated"}  # fmt: skip
+    from kvbench.engine.config import PRESETS
+
+    a = PRESETS["tiny"]
+    one = registry.build_caches("turbo4-delegated", n_layers=a["num_hidden_layers"], batch=1,
+                                n_kv_heads=a["num_key_value_heads"], head_dim=a["head_dim"],
+                                dtype=getattr(torch, cap["ok"]["dtype"]), device="cpu", capacity=256 + 4)  # fmt: skip
+    per_seq = sum(c.capacity_nbytes() for c in one)
+    cold_only = 256 * sum(c.bytes_per_token() for c in one)  # the old price: every token cold, no hot window
+    assert per_seq > cold_only * 1.2  # the hot window is a large part of a short context
+    assert int(cap["ok"]["batch"]) == int(0.01e9 // per_seq), (cap["ok"]["batch"], per_seq)
+    assert int(cap["oom"]["batch"]) == int(cap["ok"]["batch"]) + 1
 
 
 def test_decode_positions_note_names_the_timed_steps(tmp_path):
@@ -532,7 +561,7 @@ def _capacity_run(tmp_path, monkeypatch, name, extra=()):
     monkeypatch.setattr(BenchJob, "times_capacity", lambda self: self.cfg.capacity_speed)
     out = tmp_path / name
     run(["decode-bench", *TINY, "--modes", "fp16,int8", "--contexts", "64", "--gen", "2", "--warmup", "1",
-         "--repeats", "1", "--capacity", "--memory-budget-gb", "0.0002", *extra, "--out", str(out)])  # fmt: skip
+         "--repeats", "1", "--capacity", "--memory-budget-gb", "0.0003", *extra, "--out", str(out)])  # fmt: skip
     return out, [r for r in read(out / "bench.csv") if "capacity search" in r["notes"]]
 
 
@@ -546,7 +575,7 @@ def test_capacity_speed_times_the_largest_batch(tmp_path, monkeypatch):
         assert float(r["decode_tok_s"]) > 0 and r["repeats"] == "1" and r["gen_tokens"] == "2", r
         assert f"decode timed at batch {r['batch']}" in r["notes"] and "random K/V" in r["notes"], r["notes"]
         assert float(r["kv_bytes_per_token"]) > 0
-        assert "fits in 0.0002 GB (--memory-budget-gb)" in r["notes"]  # (once printed as "0. GB")
+        assert "fits in 0.0003 GB (--memory-budget-gb)" in r["notes"]  # (once printed as "0. GB")
     run(["report", str(out)])
     report = (out / "report.md").read_text()
     assert "| Decode tok/s at max | vs fp16 at its max |" in report
@@ -554,7 +583,7 @@ def test_capacity_speed_times_the_largest_batch(tmp_path, monkeypatch):
     assert f"`int8` {ratio:.2f}x that (batch {ok['int8']['batch']})" in report
     # off: the search alone, as before
     _, cap = _capacity_run(tmp_path, monkeypatch, "off", ["--no-capacity-speed"])
-    assert all(r["decode_tok_s"] == "" and "decode timed" not in r["notes"] for r in cap), cap
+    assert cap and all(r["decode_tok_s"] == "" and "decode timed" not in r["notes"] for r in cap), cap
 
 
 def test_capacity_speed_steps_down_a_batch_that_runs_out_of_memory_timed(tmp_path, monkeypatch):
@@ -565,10 +594,10 @@ def test_capacity_speed_steps_down_a_batch_that_runs_out_of_memory_timed(tmp_pat
     measure = BenchJob._measure
     tops: dict[str, int] = {}
 
-    def tight(self, mode, ctx, batch, notes, fill=None):
+    def tight(self, mode, ctx, batch, notes, fill=None, capped=True):
         if fill == "random" and batch >= tops.setdefault(mode, batch):  # the first batch timed is the search's
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
-        return measure(self, mode, ctx, batch, notes, fill)
+        return measure(self, mode, ctx, batch, notes, fill, capped)
 
     monkeypatch.setattr(BenchJob, "_measure", tight)
     _, cap = _capacity_run(tmp_path, monkeypatch, "down")
@@ -584,3 +613,87 @@ def test_capacity_speed_steps_down_a_batch_that_runs_out_of_memory_timed(tmp_pat
 
     lines = "\n".join(capacity_lines(cap))
     assert f"decodes {float(low['decode_tok_s']):.1f} tok/s at batch {top - 1}" in lines, lines
+
+
+def test_capacity_speed_holds_the_whole_context_and_keeps_the_searchs_peak(tmp_path, monkeypatch):
+    """The timed decode at capacity holds the context the search sized (a --max-kv-size of the benchmark cells
+    once capped it, unlabelled: a 32-token decode read as 64); the row's peak stays the search's, comparable
+    across modes, with the timed run's peak in its notes."""
+    _, cap = _capacity_run(tmp_path, monkeypatch, "capped", ["--max-kv-size", "32"])
+    ok = [r for r in cap if r["status"] == "ok"]
+    assert {r["kv_cache_mode"] for r in ok} == {"fp16", "int8"}
+    for r in ok:
+        assert float(r["decode_tok_s"]) > 0 and r["max_kv_size"] == "", r
+        per_token, batch = float(r["kv_bytes_per_token"]), int(r["batch"])
+        assert abs(float(r["kv_bytes"]) - per_token * batch * 64) < batch, (r["kv_bytes"], per_token, batch)
+        assert r["peak_mem_kind"] == "cpu_estimate" and "timed decode's peak" in r["notes"], r
+
+
+def test_capacity_speed_says_why_no_batch_ran_timed(tmp_path, monkeypatch):
+    """Every batch tried runs out of memory timed: the row, the console line and the report say the decode was
+    not timed and why (the console once showed only the search's batches)."""
+    from kvbench.bench import BenchJob
+    from kvbench.tables import capacity_lines
+
+    measure = BenchJob._measure
+
+    def never(self, mode, ctx, batch, notes, fill=None, capped=True):
+        if fill == "random" and mode == "fp16":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        return measure(self, mode, ctx, batch, notes, fill, capped)
+
+    monkeypatch.setattr(BenchJob, "_measure", never)
+    out, cap = _capacity_run(tmp_path, monkeypatch, "never")
+    fp16 = next(r for r in cap if r["kv_cache_mode"] == "fp16" and r["status"] == "ok")
+    top = int(fp16["batch"])
+    low = max(1, top - 2)
+    tried = "; ".join(f"batch {b}: out of memory" for b in range(top, low - 1, -1))
+    where = f"batch {top}" if low == top else f"batches {low}-{top}"
+    assert fp16["decode_tok_s"] == "" and f"decode not timed: {where} did not run timed ({tried})" in fp16["notes"]
+    line = next(s for s in capacity_lines(cap) if " fp16 " in s)
+    assert "decode not timed" in line, line
+    int8 = next(s for s in capacity_lines(cap) if " int8 " in s)
+    assert "tok/s" in int8 and "x fp16" not in int8, int8  # nothing to divide by
+    run(["report", str(out)])
+    table = (out / "report.md").read_text()
+    assert re.search(r"\| `fp16` \| 64 \|[^\n]*\| — \| — \|", table), table
+
+
+def test_report_merges_a_timed_and_an_untimed_capacity_search(tmp_path, monkeypatch):
+    """The same search run untimed and timed (merged folders, or a resume that adds the timing) is one cell:
+    the report keeps the later row, once, and counts the one it dropped per mode."""
+    off, _ = _capacity_run(tmp_path, monkeypatch, "untimed", ["--no-capacity-speed"])
+    on, cap = _capacity_run(tmp_path, monkeypatch, "timed")
+    merged = tmp_path / "merged"
+    run(["report", str(off), str(on), "--out", str(merged / "report.md")])
+    report = (merged / "report.md").read_text()
+    for mode in ("fp16", "int8"):
+        lines = [s for s in report.splitlines() if s.startswith(f"| `{mode}` | 64 |")]
+        capacity = [s for s in lines if "(oom)" in s or "(over budget" in s]
+        assert len(capacity) == 1, lines
+        timed = next(r for r in cap if r["kv_cache_mode"] == mode and r["status"] == "ok")
+        assert f"| {float(timed['decode_tok_s']):.1f} |" in capacity[0], capacity
+    # each mode's fitting and failing rows of the earlier run (the timed one once kept both fitting rows)
+    assert "4 capacity rows dropped as duplicates" in report
+
+
+def test_cpu_capacity_prices_per_token_a_cache_that_cannot_be_built_without_storage(tmp_path, monkeypatch):
+    """A plugin's cache may need real storage to be built (meta tensors refuse data access): the CPU estimate
+    then prices its tokens one by one, as before, instead of failing the search."""
+    from kvbench.session import Session
+
+    caches = Session.caches
+
+    def no_meta(self, mode, **kw):
+        if kw.get("device") == "meta":
+            raise NotImplementedError("Cannot copy out of meta tensor; no data!")
+        return caches(self, mode, **kw)
+
+    monkeypatch.setattr(Session, "caches", no_meta)
+    out = tmp_path / "p"
+    run(["decode-bench", *TINY, "--modes", "int8", "--contexts", "256", "--gen", "2", "--warmup", "0", "--repeats",
+         "1", "--capacity", "--memory-budget-gb", "0.01", "--out", str(out)])  # fmt: skip
+    ok = next(r for r in read(out / "bench.csv") if "capacity search" in r["notes"] and r["status"] == "ok"
+              and r["kv_cache_mode"] == "int8")  # fmt: skip
+    per_seq = float(ok["kv_bytes_per_token"]) * 256
+    assert int(ok["batch"]) == int(0.01e9 // per_seq), (ok["batch"], per_seq)
