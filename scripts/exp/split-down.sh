@@ -10,7 +10,7 @@
 # batch 6 may lose (96 programs leave 36 SMs idle against a sliver of 12).
 source scripts/exp/ab-lib.sh
 declare -A V=([def]='{}' [down]='{"fp16": {"nearest": "down"}, "int8": {"nearest": "down"}}')
-C=8k,32k B=2,3,5,6
+C=${C:-8k,32k} B=${B:-2,3,5,6}  # C=32k: the half that matters most, when GPU time is short
 BUDGET_S=${BUDGET_S:-330} AB_TIMEOUT=${AB_TIMEOUT:-150} ab_runs "def:$C:$B down:$C:$B down:$C:$B def:$C:$B" fp16,int8
 python3 - <<'P'
 import csv, os, statistics
