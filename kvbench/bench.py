@@ -214,7 +214,7 @@ class BenchJob:
                 tok = step(tok)
             synchronize(s.device)
             peak, kind = peak_bytes(s.device)
-            if self.cfg.memory_budget_gb and peak - s.lm.weight_bytes() > self._budget:
+            if self._past_budget(peak):
                 return None  # it ran, but past the memory the user allowed beside the weights
             return {
                 "kv_bytes": sum(c.nbytes() for c in caches),
@@ -228,6 +228,10 @@ class BenchJob:
         finally:
             del caches, step, tok  # the decoder holds the caches too: drop both before releasing
             release(s.device)
+
+    def _past_budget(self, peak: float) -> bool:
+        """Whether a CUDA run's peak (bytes, weights included) went past --memory-budget-gb beside the weights."""
+        return bool(self.cfg.memory_budget_gb) and peak - self.s.lm.weight_bytes() > self._budget
 
     def _capacity(self, mode: str, ctx: int, rope_note: str) -> list[dict]:
         """The largest batch that fits at `ctx` (and the first that does not)."""
@@ -287,7 +291,11 @@ class BenchJob:
         cfg, s, top = self.cfg, self.s, found["batch"]
         timing = {"gen_tokens": cfg.gen, "repeats": cfg.repeats, "warmup": cfg.warmup,
                   "bandwidth_gbs": round(self.bandwidth / GB, 1)}  # fmt: skip
-        failed: list[str] = []  # why each tried batch did not run timed
+        failed: list[str] = []  # why each tried batch did not run timed, from `top` down
+
+        def tried() -> str:
+            return "; ".join(f"batch {top - i}: {reason}" for i, reason in enumerate(failed))
+
         for batch in range(top, max(0, top - tries), -1):
             self.p.step(f"capacity {ctx} {found['kv_cache_mode']}: decode at batch {batch}", 1)
             notes: list[str] = []
@@ -303,27 +311,26 @@ class BenchJob:
                 return []
             finally:
                 release(s.device)
-            over = out["peak_mem_gb"] * GB - s.lm.weight_bytes()  # the search's own test (`_fits`), on CUDA
-            if cfg.memory_budget_gb and s.device.type == "cuda" and over > self._budget:
-                failed.append(f"peak {out['peak_mem_gb']:.3g} GB, past --memory-budget-gb beside the weights")
+            gb = out["peak_mem_gb"]
+            if s.device.type == "cuda" and self._past_budget(gb * GB):  # the search's own test (`_fits`)
+                failed.append(f"peak {gb:.3g} GB, past --memory-budget-gb beside the weights")
                 continue
-            peak = f"timed decode's peak {out['peak_mem_gb']} GB"
             if batch == top:
                 kept = {k: v for k, v in out.items() if k not in ("peak_mem_gb", "peak_mem_kind")}
-                said = join_notes(found["notes"], f"decode timed at batch {batch} ({peak})", *notes)
+                said = join_notes(
+                    found["notes"], f"decode timed at batch {batch} (timed decode's peak {gb} GB)", *notes
+                )
                 found.update(kept, **timing, notes=said)
                 return []
             how = "a filled cache with CUDA graphs" if out.get("cuda_graphs") else "a filled cache"
-            why = f"batch {top} fit the search's two untimed steps, not {how}"
-            why += f" ({'; '.join(f'batch {top - i}: {f}' for i, f in enumerate(failed))})"
+            why = f"batch {top} fit the search's two untimed steps, not {how} ({tried()})"
             said = f"decode timed at batch {batch}, the largest that ran timed ({why})"
             found["notes"] = join_notes(found["notes"], said)
-            note = join_notes(found["notes"], *notes, f"peak is the {peak.replace(' peak', '')}")
+            note = join_notes(found["notes"], *notes, f"peak is the timed decode's {gb} GB")
             return [{**found, **out, **timing, "batch": batch, "notes": note}]
         low = max(1, top - tries + 1)
         where = f"batch {top}" if low == top else f"batches {low}-{top}"
-        reasons = "; ".join(f"batch {top - i}: {f}" for i, f in enumerate(failed))
-        found["notes"] = join_notes(found["notes"], f"decode not timed: {where} did not run timed ({reasons})")
+        found["notes"] = join_notes(found["notes"], f"decode not timed: {where} did not run timed ({tried()})")
         return []
 
     # ---------------------------------------------------------------------- cell

@@ -2206,8 +2206,9 @@ def _capacity_table(g: Group) -> str:
             "at that context when each mode holds as many sequences as fit. A batch that fit the search's two "
             "untimed steps but not a timed run (a filled cache, CUDA graphs, or a peak past `--memory-budget-gb`) "
             "is timed at the next smaller batch that runs (up to three tried), named in brackets; where none ran, "
-            "the row's notes in the CSV say why. Peak GB is the search's, as in untimed rows. **vs fp16 at its max** divides it by fp16's at fp16's own largest batch: the throughput a "
-            "smaller cache buys, batch size included."
+            "the row's notes in the CSV say why. Peak GB is the search's, as in untimed rows. **vs fp16 at its "
+            "max** divides it by fp16's at fp16's own largest batch: the throughput a smaller cache buys, batch "
+            "size included."
         )
     budgets = _unique(m.group(1) for n in c["notes"] for m in [re.search(r"fits in ([\d.]+ GB)", _s(n))] if m)
     if budgets:
