@@ -635,6 +635,12 @@ def test_choose_num_splits():
     assert choose_num_splits(2, 8, 32768, programs_per_sm=(2, 2), nearest="down") == 16
     assert choose_num_splits(3, 8, 32768, programs_per_sm=(1, 1), nearest="down") == 5  # 120 of 132, not 144
     assert choose_num_splits(64, 8, 32768, programs_per_sm=(1, 1), nearest="down") == 1
+    # a float: to the nearest while the grid passes the slots by at most that share of them, else down
+    assert choose_num_splits(2, 8, 32768, programs_per_sm=(2, 2), nearest=0.05) == 17  # 272: 8 past 264 (3.0%)
+    assert choose_num_splits(5, 8, 32768, programs_per_sm=(2, 2), nearest=0.05) == 6  # not 7: 280 is 16 past
+    assert choose_num_splits(5, 8, 32768, programs_per_sm=(2, 2), nearest=0.07) == 7
+    assert choose_num_splits(3, 8, 32768, programs_per_sm=(1, 1), nearest=0.05) == 5  # not 6: 144 is 12 past 132
+    assert choose_num_splits(32, 8, 32768, programs_per_sm=(1, 1), nearest=0.05) == 1  # 256 rows: never 0
     assert choose_num_splits(16, 8, 32768, programs_per_sm=(2, 16)) == 17  # turbo at batch 16: short splits
     # the token floor caps hi: 64 programs an SM would be 66 splits; 32 keep >= 1024 tokens, 64 keep >= 512
     assert choose_num_splits(16, 8, 32768, programs_per_sm=(8, 64)) == 32
@@ -643,8 +649,8 @@ def test_choose_num_splits():
 
 @pytest.mark.parametrize("capacity", [2048 + 64, 8192 + 64, 32768 + 200])
 def test_fp16_default_splits_fill_one_wave(capacity):
-    """fp16's programs hold one an SM: past batch 1 its split count is the nearest to one program per SM, so
-    the grid is one wave, not a wave and a sliver (rounded up, batch 4 ran 5 splits: 160 programs on 132 SMs)."""
+    """fp16's programs hold one an SM: past batch 1 its grid is one wave, not a wave and a sliver (rounded up,
+    batch 4 ran 5 splits: 160 programs on 132 SMs; to the nearest, batch 3 and 6 ran 6 and 3: 144)."""
     cfg = default_config("fp16", overrides=False)
 
     def splits(batch):
@@ -659,12 +665,26 @@ def test_fp16_default_splits_fill_one_wave(capacity):
             cfg["split_tokens"],
         )
 
-    assert [splits(b) for b in (2, 4, 8, 16, 30)] == [8, 4, 2, 1, 1]
-    assert all(splits(b) * b * 8 <= 132 for b in (2, 4, 8, 16))
+    assert [splits(b) for b in (2, 3, 4, 5, 6, 8, 16, 30)] == [8, 5, 4, 3, 2, 2, 1, 1]
+    assert all(splits(b) * b * 8 <= 132 for b in range(2, 17))
     rounded_up = choose_num_splits(
         1, 8, capacity, cfg["block_n"], None, cfg["programs_per_sm"], False, cfg["split_tokens"]
     )
     assert splits(1) == rounded_up == min(17, -(-capacity // cfg["block_n"]))  # batch 1 keeps its measured counts
+
+
+def test_int8_default_splits_keep_only_a_thin_sliver():
+    """int8's programs hold two an SM (264 slots on 132 SMs): its split count is the nearest unless that passes
+    the slots by more than 1/20 (batch 5 and 6 ran 7 and 6 splits, 280 and 288 programs: 16 and 24 past)."""
+    cfg = default_config("int8", overrides=False)
+    got = {
+        b: choose_num_splits(
+            b, 8, 32768 + 200, cfg["block_n"], None, cfg["programs_per_sm"], cfg["nearest"], cfg["split_tokens"]
+        )
+        for b in range(1, 17)
+    }
+    assert [got[b] for b in (1, 2, 3, 4, 5, 6, 16)] == [33, 17, 11, 8, 6, 5, 2]
+    assert all(s * b * 8 <= 264 * 21 / 20 for b, s in got.items())
 
 
 def test_launch_stages():

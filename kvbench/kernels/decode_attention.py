@@ -877,7 +877,7 @@ def choose_num_splits(
     block_n: int = 128,
     device=None,
     programs_per_sm=(2, 4),
-    nearest: bool | str = False,
+    nearest: bool | str | float = False,
     min_tokens: int = 1024,
     wave: int = 0,
 ) -> int:
@@ -889,7 +889,8 @@ def choose_num_splits(
     ran faster with 16 one-block splits than with 8 of two blocks: fp16 9.5 -> 8.8 us,
     int8 10.0 -> 9.2, turbo4-asym 12.5 -> 10.4 on the H200). `nearest`: programs per SM
     rounded to the nearest count of splits, not up (int8 at batch 16: 2 splits, 256
-    programs, beat 3 or 5); "down": rounded down, so the grid never passes lo programs an SM.
+    programs, beat 3 or 5); "down": rounded down, so the grid never passes lo programs an SM; a float f:
+    to the nearest, but down where that passes the SMs' slots (programs x SMs) by more than f of them.
 
     `wave`: the split kernel's programs an SM holds at once (0: ignore waves). The count is then
     the one, from the lower bound up to the rule's, that minimises waves x tokens per split
@@ -903,9 +904,15 @@ def choose_num_splits(
     rows = batch * n_kv_heads
 
     def per_row(programs):  # splits that put `programs` programs on every SM
+        slots = programs * sms
         if nearest == "down":  # never past `programs` an SM: no sliver of a second wave
-            return max(1, programs * sms // rows)
-        return max(1, (programs * sms + rows // 2) // rows) if nearest else triton.cdiv(programs * sms, rows)
+            return max(1, slots // rows)
+        if nearest is False:
+            return triton.cdiv(slots, rows)
+        n = max(1, (slots + rows // 2) // rows)
+        if not isinstance(nearest, bool) and n * rows - slots > nearest * slots:  # too large a sliver
+            n = max(1, slots // rows)
+        return n
 
     splits = max(min(per_row(hi), triton.cdiv(capacity, min_tokens)), per_row(lo))
     splits = max(1, min(splits, triton.cdiv(capacity, block_n), 256))
@@ -918,6 +925,16 @@ def choose_num_splits(
 
         splits = min(range(max(1, min(per_row(lo), splits)), splits + 1), key=cost)
     return splits
+
+
+# fp16's and int8's rounding (`choose_num_splits`' `nearest`): to the nearest split count while the grid passes
+# the SMs' slots by at most 1/20 of them, else down. Rounded down against to the nearest on one H100 (132 SMs,
+# like the H200), alternating, at 8K / 32K (results/2026-12-05c-gpu/split-down): fp16 batch 3 (5 splits, not 6:
+# 12 programs past 132) +3.6% / +9.0%, batch 6 (2, not 3: 12 past) +5.3% / +10.2%; int8 batch 5 (6, not 7: 16
+# past 264) -0.1% / +10.5%, batch 6 (5, not 6: 24 past) +4.1% / +12.4%; but int8 batch 2 (16, not 17: 8 past,
+# 3.0%) -0.8% / -0.3%, and fp16 batch 1 keeps 17 (4 past, 3.0%; 16 were 0.4-0.6% slower at 8K and 32K).
+# Untested between 3.0% and 6.1% past, and on GPUs with other SM counts.
+SLIVER = 1 / 20
 
 
 def default_config(mode: str, *, overrides: bool = True, batch: int | None = None, capacity: int | None = None) -> dict:
@@ -952,9 +969,9 @@ def default_config(mode: str, *, overrides: bool = True, batch: int | None = Non
         # hold one an SM, so a count rounded up starts a second wave: `nearest` at batch 2 / 4 / 8 / 16 (8 / 4 /
         # 2 / 1 splits, not 9 / 5 / 3 / 2) read +12.7% / +16.0% / +9.3% / +0.7% at 32K, +0.1-6.5% at 2K and 8K,
         # alternating on one H200 (results/2026-12-05b-h200/fp16-rule); batch 1 keeps 16-17
-        cfg.update(programs_per_sm=(1, 1), nearest=True)
+        cfg.update(programs_per_sm=(1, 1), nearest=SLIVER)
     elif mode == "int8":  # token-major V: ~2 programs per SM at batch 1 and 16 (2026-11-30 sweep)
-        cfg.update(programs_per_sm=(2, 2), nearest=True)
+        cfg.update(programs_per_sm=(2, 2), nearest=SLIVER)
     elif mode == "turbo4":  # K and V decoded: small programs (2026-12-01 wide sweep)
         cfg.update(block_n=64, num_warps=2, num_stages=2, programs_per_sm=(4, 16))
     elif mode == "turbo4-delegated":
