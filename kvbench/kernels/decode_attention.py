@@ -890,8 +890,7 @@ def choose_num_splits(
     int8 10.0 -> 9.2, turbo4-asym 12.5 -> 10.4 on the H200). `nearest`: programs per SM
     rounded to the nearest count of splits, not up (int8 at batch 16: 2 splits, 256
     programs, beat 3 or 5); "down": rounded down, so the grid never passes lo programs an SM; a float f:
-    to the nearest, but down where that passes the SMs' slots (programs x SMs) by more than f of them and
-    the count rounded down still fills over 2/3 of them.
+    to the nearest, but down where that passes the SMs' slots (programs x SMs) by more than f of them.
 
     `wave`: the split kernel's programs an SM holds at once (0: ignore waves). The count is then
     the one, from the lower bound up to the rule's, that minimises waves x tokens per split
@@ -912,8 +911,8 @@ def choose_num_splits(
             return triton.cdiv(slots, rows)
         n = max(1, (slots + rows // 2) // rows)
         down = slots // rows
-        if not isinstance(nearest, bool) and n * rows - slots > nearest * slots and down * rows * 3 > slots * 2:
-            n = down  # too large a sliver, and rounded down the grid still fills over 2/3 of the slots
+        if not isinstance(nearest, bool) and n * rows - slots > nearest * slots:
+            n = max(1, down)  # too large a sliver: one wave, however many SMs it leaves idle
         return n
 
     splits = max(min(per_row(hi), triton.cdiv(capacity, min_tokens)), per_row(lo))
@@ -935,9 +934,10 @@ def choose_num_splits(
 # 12 programs past 132) +3.6% / +9.0%, batch 6 (2, not 3: 12 past) +5.3% / +10.2%; int8 batch 5 (6, not 7: 16
 # past 264) -0.1% / +10.5%, batch 6 (5, not 6: 24 past) +4.1% / +12.4%; but int8 batch 2 (16, not 17: 8 past,
 # 3.0%) -0.8% / -0.3%, and fp16 batch 1 keeps 17 (4 past, 3.0%; 16 were 0.4-0.6% slower at 8K and 32K).
-# Rounded down, the grids that won filled 73-91% of the slots; down is taken only where it fills over 2/3 (fp16
-# at batch 9-11 and int8 at 18-22 keep 2 splits, not 1: 55-67%, unmeasured). Untested between 3.0% and 6.1%
-# past, and on GPUs with other SM counts.
+# Down also where it leaves a third or more of the SMs idle: at 32K, alternating on one H100
+# (results/2026-12-05d-gpu/fill-floor), fp16 batch 9 (1 split, 72 programs, not 2: 144) +15.9%, batch 11 (88,
+# not 176) +3.8%, int8 batch 20 (160, not 320) +9.9%; a sliver wave costs about a wave. Untested between 3.0%
+# and 6.1% past, and on GPUs with other SM counts.
 SLIVER = 1 / 20
 
 
