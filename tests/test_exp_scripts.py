@@ -159,3 +159,26 @@ def test_fp16_sdpa_plugin_decodes_as_fp16_does():
     finally:
         registry.MODES.pop("fp16-sdpa", None)
         registry._ALIASES.pop("fp16-sdpa", None)
+
+
+def test_ab_summary_pairs_runs_with_variants_in_order(tmp_path):
+    """The committed int8-one runs (def one one def): each cell's runs land under their variant, and the
+    ratio is the mean over the first variant's mean; a run without a CSV (skipped for time) is left out."""
+    sys.path.insert(0, str(ROOT / "scripts/exp"))
+    try:
+        import ab_summary
+    finally:
+        sys.path.pop(0)
+    runs = ROOT / "results/2026-12-06-h200/int8-one/r"
+    cells = ab_summary.read_runs(runs, ["def", "one", "one", "def"])
+    assert sorted(cells) == [("fp16", 8192, 16), ("fp16", 32768, 16), ("int8", 8192, 16), ("int8", 32768, 16)]
+    assert cells[("int8", 32768, 16)] == {"def": [1285.17, 1282.0], "one": [1181.38, 1177.46]}
+    lines = ab_summary.table(cells, ["def", "one", "one", "def"])
+    assert lines[0].split()[-1] == "one/def" and len(lines) == 5
+    assert lines[4].split()[-1] == f"{(1181.38 + 1177.46) / (1285.17 + 1282.0):.4f}" == "0.9188"
+    for n in (1, 2):  # runs 3 and 4 missing: one run of each variant
+        (tmp_path / f"run-{n}").mkdir()
+        (tmp_path / f"run-{n}" / "bench.csv").write_bytes((runs / f"run-{n}" / "bench.csv").read_bytes())
+    partial = ab_summary.read_runs(tmp_path, ["def", "one", "one", "def"])
+    assert partial[("int8", 32768, 16)] == {"def": [1285.17], "one": [1181.38]}
+    assert ab_summary.table(partial, ["def", "old"])[1].split()[-1] == "-"  # a variant with no run: no ratio

@@ -20,4 +20,5 @@ source scripts/exp/ab-lib.sh
 declare -A V=([def]='{}' [one]='{"int8": {"splits": 1}}')
 BUDGET_S=${BUDGET_S:-480} AB_TIMEOUT=${AB_TIMEOUT:-100} \
   ab_runs "def:8k,32k:16 one:8k,32k:16 one:8k,32k:16 def:8k,32k:16" fp16,int8
+python3 scripts/exp/ab_summary.py $OUT/r def,one,one,def | tee $OUT/summary.txt
 (cd $OUT && tar czf int8-one.tgz r && rm -rf r)
