@@ -255,13 +255,16 @@ def decode_attention(
     out: torch.Tensor | None = None,
     rotated_out: bool = False,
     sparse_v: float = 0.0,
+    q_stored_dtype: torch.dtype | None = None,
     **_tuning,
 ) -> torch.Tensor:
     """One decode step: q [B, Hq, D] attends to stored tokens [0, L) (through the
     mode's storage) plus the fresh k_new, v_new [B, Hkv, D] (exact). Softmax in float32.
     Returns [B, Hq, D] in q's dtype (written into `out` when given); with `rotated_out`
     (turbo V) in V's rotated basis, s2 * H(s1 * o). `sparse_v` = tau > 0: V is skipped
-    wherever the softmax weight is below tau (`sparse_weights`)."""
+    wherever the softmax weight is below tau (`sparse_weights`). `q_stored_dtype` (e.g.
+    float16) rounds q to that dtype for the stored tokens' scores only, as a kernel whose
+    dots take q in it does (the fresh token's score keeps q exact)."""
     k, v = dequantize_cache(
         mode,
         buffers,
@@ -277,7 +280,11 @@ def decode_attention(
     bsz, hq, d = q.shape
     g = hq // k.shape[1]
     qg = q.float().view(bsz, k.shape[1], g, d)
-    p = sparse_weights(torch.softmax(torch.einsum("bhgd,bhtd->bhgt", qg, k) * sm_scale, -1), sparse_v)
+    scores = torch.einsum("bhgd,bhtd->bhgt", qg, k)
+    if q_stored_dtype is not None:
+        qs = qg.to(q_stored_dtype).float()
+        scores[..., :-1] = torch.einsum("bhgd,bhtd->bhgt", qs, k[:, :, :-1])
+    p = sparse_weights(torch.softmax(scores * sm_scale, -1), sparse_v)
     o = torch.einsum("bhgt,bhtd->bhgd", p, v).reshape(bsz, hq, d)
     if rotated_out:
         if not FORMATS[mode][1].startswith(("turbo", "delegated")):
