@@ -264,7 +264,8 @@ def decode_attention(
     (turbo V) in V's rotated basis, s2 * H(s1 * o). `sparse_v` = tau > 0: V is skipped
     wherever the softmax weight is below tau (`sparse_weights`). `q_stored_dtype` (e.g.
     float16) rounds q to that dtype for the stored tokens' scores only, as a kernel whose
-    dots take q in it does (the fresh token's score keeps q exact)."""
+    dots take q in it does (the fresh token's score keeps q exact); for turbo K the rounding
+    is of the rotated query s2 * H(s1 * q), which is what turbo K's dots take."""
     k, v = dequantize_cache(
         mode,
         buffers,
@@ -282,7 +283,10 @@ def decode_attention(
     qg = q.float().view(bsz, k.shape[1], g, d)
     scores = torch.einsum("bhgd,bhtd->bhgt", qg, k)
     if q_stored_dtype is not None:
-        qs = qg.to(q_stored_dtype).float()
+        if FORMATS[mode][0] == "turbo4":  # turbo K's dots take q rotated into K's basis: rounded there
+            qs = unrotate(rotate(qg, *k_signs).to(q_stored_dtype), *k_signs)
+        else:
+            qs = qg.to(q_stored_dtype).float()
         scores[..., :-1] = torch.einsum("bhgd,bhtd->bhgt", qs, k[:, :, :-1])
     p = sparse_weights(torch.softmax(scores * sm_scale, -1), sparse_v)
     o = torch.einsum("bhgt,bhtd->bhgd", p, v).reshape(bsz, hq, d)
