@@ -636,6 +636,13 @@ AF)  # after AE (carry .gpu/m0): the model's first half staged for AG
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv; cp .gpu/m0/* $M/ && ls $M ;;
 AG)  # after AF, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel, engine and PDL tests
   audit_beside_tests AG AF raw4 ;;
+CQ)  # (carry .gpu/qN, one call each for N = 0, 1, 2, back to back on one machine) a quarter of the model:
+    # the tracked tree (~34 MB by 2026-12-06) leaves a call room for a quarter of the GGUF, not a half
+  cp .gpu/q*/* $M/ && ls -la $M ;;
+CR)  # after three CQ calls (carry .gpu/q3 .gpu/whl .gpu/site): the full audit and raw turbo4's beside the GPU tests
+  cp .gpu/q3/* $M/
+  [[ $(ls $M/part0* 2>/dev/null | wc -l) == 4 ]] || { echo "a quarter of the model is missing: run CQ three times first"; exit 3; }
+  audit_beside_tests CR CQ raw4 ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
