@@ -637,12 +637,17 @@ AF)  # after AE (carry .gpu/m0): the model's first half staged for AG
 AG)  # after AF, same machine (carry .gpu/m1 .gpu/whl): the full audit and raw turbo4's beside the kernel, engine and PDL tests
   audit_beside_tests AG AF raw4 ;;
 CQ)  # (carry .gpu/qN, one call each for N = 0, 1, 2, back to back on one machine) a quarter of the model:
-    # the tracked tree (~34 MB by 2026-12-06) leaves a call room for a quarter of the GGUF, not a half
-  cp .gpu/q*/* $M/ && ls -la $M ;;
-CR)  # after three CQ calls (carry .gpu/q3 .gpu/whl .gpu/site): the full audit and raw turbo4's beside the GPU tests
+    # the tracked tree (~34 MB by 2026-12-06) leaves a call room for a quarter of the GGUF, not a half.
+    # KTESTS=1 (carry .gpu/whl .gpu/site too): then every GPU test file (`step ktests`)
+  cp .gpu/q*/* $M/ && ls -la $M
+  [[ ${KTESTS:-0} == 1 ]] && wheels && TEST_TIMEOUT=${TEST_TIMEOUT:-420} step ktests ;;
+CR)  # after three CQ calls (carry .gpu/q3 .gpu/whl): the full audit and raw turbo4's side by side
   cp .gpu/q3/* $M/
   [[ $(ls $M/part0* 2>/dev/null | wc -l) == 4 ]] || { echo "a quarter of the model is missing: run CQ three times first"; exit 3; }
-  audit_beside_tests CR CQ raw4 ;;
+  join_model && wheels
+  (step audit > $OUT/CR-audit.log 2>&1) & (step raw4 > $OUT/CR-raw4.log 2>&1) &
+  wait; cat $OUT/CR-*.log | grep -v '^\s*$' | tail -12
+  (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 CR-*.log) ;;
 K)
   cp .gpu/m0/* $M/ && wheels && step ktests ;;
 D)
