@@ -640,7 +640,7 @@ CQ)  # (carry .gpu/qN, one call each for N = 0, 1, 2, back to back on one machin
     # the tracked tree (~34 MB by 2026-12-06) leaves a call room for a quarter of the GGUF, not a half.
     # KTESTS=1 (carry .gpu/whl .gpu/site too): then every GPU test file (`step ktests`)
   cp .gpu/q*/* $M/ && ls -la $M
-  [[ ${KTESTS:-0} == 1 ]] && wheels && TEST_TIMEOUT=${TEST_TIMEOUT:-420} step ktests ;;
+  if [[ ${KTESTS:-0} == 1 ]]; then wheels && TEST_TIMEOUT=${TEST_TIMEOUT:-420} step ktests; fi ;;
 CR)  # after three CQ calls (carry .gpu/q3 .gpu/whl): the full audit and raw turbo4's side by side
   cp .gpu/q3/* $M/
   [[ $(ls $M/part0* 2>/dev/null | wc -l) == 4 ]] || { echo "a quarter of the model is missing: run CQ three times first"; exit 3; }
@@ -656,6 +656,6 @@ D)
   (step audit > $OUT/D-audit.log 2>&1) & (step raw4 > $OUT/D-raw4.log 2>&1) & (step peers-audit > $OUT/D-peers.log 2>&1) &
   wait; cat $OUT/D-*.log | grep -v '^\s*$' | tail -30
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
-*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|AN|AP|AQ|AR|AS|AT|AU|AV|AW|AX|AY|AZ|BA|BB|BC|BD|BE|BF|BG|step NAME"; exit 2 ;;
+*) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|AN|AP|AQ|AR|AS|AT|AU|AV|AW|AX|AY|AZ|BA|BB|BC|BD|BE|BF|BG|CQ|CR|step NAME"; exit 2 ;;
 esac
 ls -la $OUT/*

@@ -143,7 +143,7 @@ def ref_attention(*args, ref_q=None, **kw):
     5.2e-4 against this one."""
     if ref_q is None and ref.FORMATS[args[0]][0] == "turbo4":
         ref_q = F16
-    kw = {k: v.half().float() if k.endswith("_codebook") and v is not None else v for k, v in kw.items()}
+    kw = {k: v.half().float() if k.endswith("_codebook") else v for k, v in kw.items()}
     return ref.decode_attention(*args, q_stored_dtype=ref_q, **kw)
 
 
@@ -405,8 +405,9 @@ def test_reference_q_stored_dtype_turbo_k(seed):
     its stored scores equal those of fp16(s2 * H(s1 * q)) against the codes' centroids in the
     rotated basis (read straight from the codes, never inverse-rotated)."""
     mode, dim, length = "turbo4", 64, 20
-    kw = attn_kwargs(codec_kwargs(mode, dim))
-    bufs = make_cache(mode, 1, 1, dim, 24, length, 0, F32, codec_kwargs(mode, dim))
+    codecs = codec_kwargs(mode, dim)
+    kw = attn_kwargs(codecs)
+    bufs = make_cache(mode, 1, 1, dim, 24, length, 0, F32, codecs)
     q = 3 * torch.randn(1, 2, dim)
     k_new, v_new = random_tokens(1, 1, 2, dim, F32).unbind(2)
     got = ref.decode_attention(mode, q, k_new, v_new, bufs, length, 0.125, q_stored_dtype=F16, **kw)[0]
