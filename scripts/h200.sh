@@ -658,4 +658,6 @@ D)
   (cd $OUT && tar czf all.tgz audit audit-raw-turbo4 peers D-*.log) ;;
 *) echo "usage: scripts/h200.sh A|B|C|E|K|D|F|G|H|I|J|L|M|N|P|Q|R|S|T|U|V|W|X|Y|Z|AA|AB|AC|AD|AE|AF|AG|AH|AI|AJ|AK|AM|AN|AP|AQ|AR|AS|AT|AU|AV|AW|AX|AY|AZ|BA|BB|BC|BD|BE|BF|BG|CQ|CR|step NAME"; exit 2 ;;
 esac
-ls -la $OUT/*
+rc=$?  # the phase's own status (the listing below used to replace it)
+[[ -n $(ls -A $OUT) ]] && ls -la $OUT/*
+exit $rc
