@@ -615,6 +615,39 @@ def test_capacity_speed_steps_down_a_batch_that_runs_out_of_memory_timed(tmp_pat
     assert f"decodes {float(low['decode_tok_s']):.1f} tok/s at batch {top - 1}" in lines, lines
 
 
+def test_capacity_speed_steps_down_a_batch_whose_timed_peak_passes_the_budget(tmp_path, monkeypatch):
+    """On a GPU the timed decode's measured peak is held to --memory-budget-gb as the search's is: a largest batch
+    whose timed run went past the budget gives way to the next smaller one, and the row says by how much. The GPU
+    peak is faked here (a CPU row's peak is an estimate, which is not held to the budget); the branch had run on no
+    GPU (an H100's timed peaks all stayed within the budget, results/2026-12-07-gpu/call6)."""
+    from kvbench.bench import BenchJob
+
+    measure = BenchJob._measure
+    tops: dict[str, int] = {}
+    big = 5.0  # GB: far past the 0.0003 GB budget beside the tiny model's weights
+
+    def heavy(self, mode, ctx, batch, notes, fill=None, capped=True):
+        out = measure(self, mode, ctx, batch, notes, fill, capped)
+        if fill == "random":  # a timed run: its peak as the GPU would report it
+            over = batch >= tops.setdefault(mode, batch)
+            within = round(self.s.lm.weight_bytes() / 1e9, 4)  # the weights alone: inside any budget
+            out.update(peak_mem_gb=big if over else within, peak_mem_kind="cuda_max_allocated")
+        return out
+
+    monkeypatch.setattr(BenchJob, "_measure", heavy)
+    _, cap = _capacity_run(tmp_path, monkeypatch, "budget")
+    assert set(tops) == {"fp16", "int8"}
+    for mode, top in tops.items():
+        rows = sorted(
+            (r for r in cap if r["kv_cache_mode"] == mode and r["status"] == "ok"), key=lambda r: int(r["batch"])
+        )
+        assert [int(r["batch"]) for r in rows] == [top - 1, top], rows
+        low, high = rows
+        assert high["decode_tok_s"] == "" and float(low["decode_tok_s"]) > 0
+        assert f"(batch {top}: peak {big:.3g} GB, past --memory-budget-gb beside the weights)" in high["notes"]
+        assert float(low["peak_mem_gb"]) < big and f"peak is the timed decode's {low['peak_mem_gb']} GB" in low["notes"]
+
+
 def test_capacity_speed_holds_the_whole_context_and_keeps_the_searchs_peak(tmp_path, monkeypatch):
     """The timed decode at capacity holds the context the search sized (a --max-kv-size of the benchmark cells
     once capped it, unlabelled: a 32-token decode read as 64); the row's peak stays the search's, comparable
