@@ -565,6 +565,11 @@ def _capacity_run(tmp_path, monkeypatch, name, extra=()):
     return out, [r for r in read(out / "bench.csv") if "capacity search" in r["notes"]]
 
 
+def _ok_by_batch(cap: list[dict], mode: str) -> list[dict]:
+    """A mode's capacity rows that ran, smallest batch first."""
+    return sorted((r for r in cap if r["kv_cache_mode"] == mode and r["status"] == "ok"), key=lambda r: int(r["batch"]))
+
+
 def test_capacity_speed_times_the_largest_batch(tmp_path, monkeypatch):
     """--capacity-speed (on by default): each mode's largest batch is decoded and timed like a cell (random K/V,
     warm-up, repeats), in the search's own row; the console and the report set it beside fp16's at its batch."""
@@ -602,9 +607,7 @@ def test_capacity_speed_steps_down_a_batch_that_runs_out_of_memory_timed(tmp_pat
     monkeypatch.setattr(BenchJob, "_measure", tight)
     _, cap = _capacity_run(tmp_path, monkeypatch, "down")
     for mode, top in tops.items():
-        rows = sorted(
-            (r for r in cap if r["kv_cache_mode"] == mode and r["status"] == "ok"), key=lambda r: int(r["batch"])
-        )
+        rows = _ok_by_batch(cap, mode)
         assert [int(r["batch"]) for r in rows] == [top - 1, top], rows
         low, high = rows
         assert high["decode_tok_s"] == "" and float(low["decode_tok_s"]) > 0
@@ -618,8 +621,8 @@ def test_capacity_speed_steps_down_a_batch_that_runs_out_of_memory_timed(tmp_pat
 def test_capacity_speed_steps_down_a_batch_whose_timed_peak_passes_the_budget(tmp_path, monkeypatch):
     """On a GPU the timed decode's measured peak is held to --memory-budget-gb as the search's is: a largest batch
     whose timed run went past the budget gives way to the next smaller one, and the row says by how much. The GPU
-    peak is faked here (a CPU row's peak is an estimate, which is not held to the budget); the branch had run on no
-    GPU (an H100's timed peaks all stayed within the budget, results/2026-12-07-gpu/call6)."""
+    peak is faked here (a CPU run's peak is the process's RSS, which is not held to the budget); the branch had run
+    on no GPU (an H100's timed peaks all stayed within the budget, results/2026-12-07-gpu/call6)."""
     from kvbench.bench import BenchJob
 
     measure = BenchJob._measure
@@ -638,9 +641,7 @@ def test_capacity_speed_steps_down_a_batch_whose_timed_peak_passes_the_budget(tm
     _, cap = _capacity_run(tmp_path, monkeypatch, "budget")
     assert set(tops) == {"fp16", "int8"}
     for mode, top in tops.items():
-        rows = sorted(
-            (r for r in cap if r["kv_cache_mode"] == mode and r["status"] == "ok"), key=lambda r: int(r["batch"])
-        )
+        rows = _ok_by_batch(cap, mode)
         assert [int(r["batch"]) for r in rows] == [top - 1, top], rows
         low, high = rows
         assert high["decode_tok_s"] == "" and float(low["decode_tok_s"]) > 0
