@@ -565,9 +565,14 @@ def _capacity_run(tmp_path, monkeypatch, name, extra=()):
     return out, [r for r in read(out / "bench.csv") if "capacity search" in r["notes"]]
 
 
-def _ok_by_batch(cap: list[dict], mode: str) -> list[dict]:
-    """A mode's capacity rows that ran, smallest batch first."""
-    return sorted((r for r in cap if r["kv_cache_mode"] == mode and r["status"] == "ok"), key=lambda r: int(r["batch"]))
+def _stepped_down(cap: list[dict], mode: str, top: int) -> tuple[dict, dict]:
+    """A mode's two capacity rows after its largest batch `top` did not run timed: (the timed row at top - 1, the
+    search's untimed row at top)."""
+    rows = sorted((r for r in cap if r["kv_cache_mode"] == mode and r["status"] == "ok"), key=lambda r: int(r["batch"]))
+    assert [int(r["batch"]) for r in rows] == [top - 1, top], rows
+    low, high = rows
+    assert high["decode_tok_s"] == "" and float(low["decode_tok_s"]) > 0
+    return low, high
 
 
 def test_capacity_speed_times_the_largest_batch(tmp_path, monkeypatch):
@@ -607,10 +612,7 @@ def test_capacity_speed_steps_down_a_batch_that_runs_out_of_memory_timed(tmp_pat
     monkeypatch.setattr(BenchJob, "_measure", tight)
     _, cap = _capacity_run(tmp_path, monkeypatch, "down")
     for mode, top in tops.items():
-        rows = _ok_by_batch(cap, mode)
-        assert [int(r["batch"]) for r in rows] == [top - 1, top], rows
-        low, high = rows
-        assert high["decode_tok_s"] == "" and float(low["decode_tok_s"]) > 0
+        low, high = _stepped_down(cap, mode, top)
         assert f"decode timed at batch {top - 1}, the largest that ran timed (batch {top} fit" in high["notes"]
     from kvbench.tables import capacity_lines
 
@@ -641,10 +643,7 @@ def test_capacity_speed_steps_down_a_batch_whose_timed_peak_passes_the_budget(tm
     _, cap = _capacity_run(tmp_path, monkeypatch, "budget")
     assert set(tops) == {"fp16", "int8"}
     for mode, top in tops.items():
-        rows = _ok_by_batch(cap, mode)
-        assert [int(r["batch"]) for r in rows] == [top - 1, top], rows
-        low, high = rows
-        assert high["decode_tok_s"] == "" and float(low["decode_tok_s"]) > 0
+        low, high = _stepped_down(cap, mode, top)
         assert f"(batch {top}: peak {big:.3g} GB, past --memory-budget-gb beside the weights)" in high["notes"]
         assert float(low["peak_mem_gb"]) < big and f"peak is the timed decode's {low['peak_mem_gb']} GB" in low["notes"]
 
