@@ -488,6 +488,25 @@ def test_capacity_on_cpu_is_the_kv_that_fits_the_budget_beside_the_weights(tmp_p
         assert "its decode is timed on a GPU only (--capacity-speed)" in ok["notes"]  # on by default: not done here
 
 
+def test_capacity_note_gives_the_budget_that_bound_the_search(tmp_path, monkeypatch):
+    """The note names the budget as the user gave it (19.85 was printed "19.9"), and a --memory-budget-gb larger
+    than the free memory is not named as the bound: the free memory is, and the note says the flag was more."""
+    import kvbench.bench
+
+    free = 0.01e9
+    monkeypatch.setattr(kvbench.bench, "available_bytes", lambda device: free)
+    for budget, said in (("0.007251", "fits in 0.007251 GB (--memory-budget-gb) beside"),
+                         ("0.0125", "fits in 0.01 GB (free; --memory-budget-gb 0.0125 is more) beside")):  # fmt: skip
+        out = tmp_path / budget
+        run(["decode-bench", *TINY, "--modes", "fp16", "--contexts", "256", "--gen", "2", "--warmup", "0",
+             "--repeats", "1", "--capacity", "--memory-budget-gb", budget, "--out", str(out)])  # fmt: skip
+        cap = [r for r in read(out / "bench.csv") if "capacity search" in r["notes"]]
+        assert cap and all(said in r["notes"] for r in cap), [r["notes"] for r in cap]
+        ok = next(r for r in cap if r["status"] == "ok")
+        held = float(ok["kv_bytes"]) * (256 + 4) / 256  # 4 slots past the context, as in the test above
+        assert held <= min(free, float(budget) * 1e9)
+
+
 def test_cpu_capacity_prices_the_delegated_hot_window(tmp_path):
     """turbo4-delegated holds a fixed fp16 hot window beside its cold codes: the CPU estimate prices the buffers
     a GPU would allocate (it once priced every token cold and found a larger batch than fits). The yardstick
@@ -622,20 +641,23 @@ def test_capacity_speed_steps_down_a_batch_that_runs_out_of_memory_timed(tmp_pat
 
 def test_capacity_speed_steps_down_a_batch_whose_timed_peak_passes_the_budget(tmp_path, monkeypatch):
     """On a GPU the timed decode's measured peak is held to --memory-budget-gb as the search's is: a largest batch
-    whose timed run went past the budget gives way to the next smaller one, and the row says by how much. The GPU
-    peak is faked here (a CPU run's peak is the process's RSS, which is not held to the budget); the branch had run
-    on no GPU (an H100's timed peaks all stayed within the budget, results/2026-12-07-gpu/call6)."""
+    whose timed run went past the budget gives way to the next smaller one, and the row says by how much (its peak
+    beside the weights, against the budget as given). The GPU peak is faked here (a CPU run's peak is the process's
+    RSS, which is not held to the budget); on an H100 the branch stepped int8 from 9 to 8 and turbo4 from 13 to 12
+    under --memory-budget-gb 19.85 (results/2026-12-07b-gpu/budget)."""
     from kvbench.bench import BenchJob
 
     measure = BenchJob._measure
     tops: dict[str, int] = {}
     big = 5.0  # GB: far past the 0.0003 GB budget beside the tiny model's weights
+    weights: list[int] = []
 
     def heavy(self, mode, ctx, batch, notes, fill=None, capped=True):
         out = measure(self, mode, ctx, batch, notes, fill, capped)
         if fill == "random":  # a timed run: its peak as the GPU would report it
             over = batch >= tops.setdefault(mode, batch)
-            within = round(self.s.lm.weight_bytes() / 1e9, 4)  # the weights alone: inside any budget
+            weights.append(self.s.lm.weight_bytes())
+            within = round(weights[-1] / 1e9, 4)  # the weights alone: inside any budget
             out.update(peak_mem_gb=big if over else within, peak_mem_kind="cuda_max_allocated")
         return out
 
@@ -644,7 +666,9 @@ def test_capacity_speed_steps_down_a_batch_whose_timed_peak_passes_the_budget(tm
     assert set(tops) == {"fp16", "int8"}
     for mode, top in tops.items():
         low, high = _stepped_down(cap, mode, top)
-        assert f"(batch {top}: peak {big:.3g} GB, past --memory-budget-gb beside the weights)" in high["notes"]
+        beside = big - weights[0] / 1e9
+        said = f"(batch {top}: peak {big:.4g} GB, {beside:.4g} GB beside the weights, past the 0.0003 GB"
+        assert said + " (--memory-budget-gb) budget)" in high["notes"], high["notes"]
         assert float(low["peak_mem_gb"]) < big and f"peak is the timed decode's {low['peak_mem_gb']} GB" in low["notes"]
 
 
