@@ -233,6 +233,15 @@ class BenchJob:
         """Whether a CUDA run's peak (bytes, weights included) went past --memory-budget-gb beside the weights."""
         return bool(self.cfg.memory_budget_gb) and peak - self.s.lm.weight_bytes() > self._budget
 
+    def _room(self) -> str:
+        """The search's budget in words: --memory-budget-gb as given where it is the bound, else the free memory."""
+        user, budget = self.cfg.memory_budget_gb, self._budget
+        if user and user * GB <= budget:  # the user's number as given: 19.85, not "19.9"
+            return f"{user:.12g} GB (--memory-budget-gb)"
+        gb = budget / GB  # 133.2, 0.05: a small budget is not rounded to "0.0 GB"
+        room = (f"{gb:.1f}" if gb >= 1 else f"{gb:.3g}") + " GB"  # 0.01, 0.0002: never "0." nor "0.0"
+        return room + (f" (free; --memory-budget-gb {user:.12g} is more)" if user else "")
+
     def _capacity(self, mode: str, ctx: int, rope_note: str) -> list[dict]:
         """The largest batch that fits at `ctx` (and the first that does not)."""
         s = self.s
@@ -259,15 +268,7 @@ class BenchJob:
             "kernel": s.kernel,
         }
         how = "allocated and decoded" if s.device.type == "cuda" else "estimated from buffer sizes, not allocated"
-        user = self.cfg.memory_budget_gb
-        if user and user * GB <= budget:  # the user's number as given: 19.85, not "19.9"
-            room = f"{user:.12g} GB (--memory-budget-gb)"
-        else:
-            gb = budget / GB  # 133.2, 0.05: a small budget is not rounded to "0.0 GB"
-            room = (f"{gb:.1f}" if gb >= 1 else f"{gb:.3g}") + " GB"  # 0.01, 0.0002: never "0." nor "0.0"
-            room += f" (free; --memory-budget-gb {user:.12g} is more)" if user else ""
-        self._room = room
-        note = f"capacity search at {ctx} tokens: largest batch that fits in {room} beside the weights ({how})"
+        note = f"capacity search at {ctx} tokens: largest batch that fits in {self._room()} beside the weights ({how})"
         if best and hi is not None and hi - lo > 1:  # the probe limit reached first: say it is a bound
             note += f"; search stopped with batches {lo + 1}-{hi - 1} untried"
         elif best and hi is None:
@@ -320,7 +321,7 @@ class BenchJob:
             # the search's own test (`_fits`), on a measured GPU peak (a CPU row's peak is an estimate or the RSS)
             if out.get("peak_mem_kind") == "cuda_max_allocated" and self._past_budget(gb * GB):
                 beside = gb - s.lm.weight_bytes() / GB
-                failed.append(f"peak {gb:.4g} GB, {beside:.4g} GB beside the weights, past the {self._room} budget")
+                failed.append(f"peak {gb:.4g} GB, {beside:.4g} GB beside the weights, past the {self._room()} budget")
                 continue
             if batch == top:
                 kept = {k: v for k, v in out.items() if k not in ("peak_mem_gb", "peak_mem_kind")}

@@ -650,14 +650,12 @@ def test_capacity_speed_steps_down_a_batch_whose_timed_peak_passes_the_budget(tm
     measure = BenchJob._measure
     tops: dict[str, int] = {}
     big = 5.0  # GB: far past the 0.0003 GB budget beside the tiny model's weights
-    weights: list[int] = []
 
     def heavy(self, mode, ctx, batch, notes, fill=None, capped=True):
         out = measure(self, mode, ctx, batch, notes, fill, capped)
         if fill == "random":  # a timed run: its peak as the GPU would report it
             over = batch >= tops.setdefault(mode, batch)
-            weights.append(self.s.lm.weight_bytes())
-            within = round(weights[-1] / 1e9, 4)  # the weights alone: inside any budget
+            within = round(self.s.lm.weight_bytes() / 1e9, 4)  # the weights alone: inside any budget
             out.update(peak_mem_gb=big if over else within, peak_mem_kind="cuda_max_allocated")
         return out
 
@@ -666,7 +664,7 @@ def test_capacity_speed_steps_down_a_batch_whose_timed_peak_passes_the_budget(tm
     assert set(tops) == {"fp16", "int8"}
     for mode, top in tops.items():
         low, high = _stepped_down(cap, mode, top)
-        beside = big - weights[0] / 1e9
+        beside = big - int(high["weight_bytes"]) / 1e9
         said = f"(batch {top}: peak {big:.4g} GB, {beside:.4g} GB beside the weights, past the 0.0003 GB"
         assert said + " (--memory-budget-gb) budget)" in high["notes"], high["notes"]
         assert float(low["peak_mem_gb"]) < big and f"peak is the timed decode's {low['peak_mem_gb']} GB" in low["notes"]
