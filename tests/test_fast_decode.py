@@ -97,10 +97,15 @@ def test_fused_decode_matches_reference(tiny, mode, seed, monkeypatch):
         # position, rotation, fold) breaks all three by far. int8's cells are 16x finer
         # (255 of them, each 1/127 of the token's largest value), so more codes sit near an
         # edge: over 3 seeds 0.26-0.44% moved with its integer dots ("s8") and 1.16-1.25%
-        # with its fp16 dots (the default), logits within 0.009 either way.
+        # with its fp16 dots (the default), logits within 0.009 either way. The moves compound
+        # with depth (none in layer 0, ~2% of the codes in layer 5), so at int8's fine cells one
+        # code in ~44,000 has moved by two (seed 3630160093: layer 5's V, decode position 53;
+        # 1 of 8 seeds tried, logits within 0.0085); turbo4's did not in the 17 seeds above.
         moved, cells = code_moves(caches, ref_caches)
-        limit = 0.05 if mode == "int8" else 0.01
-        assert moved < limit and cells <= 1, f"seed {seed}: {moved:.2%} of the codes differ, by up to {cells} cells"
+        limit, max_cells = (0.05, 2) if mode == "int8" else (0.01, 1)
+        assert moved < limit and cells <= max_cells, (
+            f"seed {seed}: {moved:.2%} of the codes differ, by up to {cells} cells"
+        )
         err = (got - ref).abs()
         assert err.max() < 0.25, f"seed {seed}: max |logit diff| {err.max():.3g}"
         q99 = err.quantile(0.99)
