@@ -26,7 +26,7 @@ from kvbench.engine.generate import KVCap, forward_chunk, greedy_decode, prefill
 from kvbench.engine.weights import fit_context, load_model, past_trained
 from kvbench.errors import KvbenchError
 from kvbench.results import AUDIT_COLUMNS, join_notes
-from kvbench.runtime import Progress, is_oom, one_line, release
+from kvbench.runtime import Progress, dtype_name, is_oom, one_line, release
 from kvbench.session import Session
 from kvbench.sweep import FileSink, Sweep, key
 
@@ -64,7 +64,7 @@ class AuditJob:
         c = self.cfg
         # everything besides mode, context and check that changes an audit cell's result
         self.params = key(
-            session.lm.weights_hash, session.base_row["dtype"], c.kernel, c.prefill_chunk, c.boundary_v,
+            session.weights_hash, dtype_name(session.dtype), c.kernel, c.prefill_chunk, c.boundary_v,
             c.no_fallback, c.yarn, c.gen_tokens, c.near_tie_margin, c.question, c.prompt_file, c.max_kv_size, c.keep,
             *([c.sparse_v_threshold] if c.sparse_v_threshold else []),  # (keys of dense runs as before it existed)
             *filter(None, [session.prompt_digest()]),  # the prompt file's contents (keys without one as before)
@@ -72,7 +72,8 @@ class AuditJob:
         self._ref_tokens = None  # fp16's greedy tokens at the current context (peers are forced on them)
         self._shared_prefill = None  # (prompt, per-layer fresh K/V, last logits) of a one-chunk prompt
         self._lm32 = None  # the model in float32: the kernel check's yardstick (`_fp32_yardstick`)
-        if self.cfg.question is not None and session.lm.tokenizer is None:  # the prompt is random token ids
+        no_tokenizer = session.lm is not None and session.lm.tokenizer is None  # (None: a keys-only session)
+        if self.cfg.question is not None and no_tokenizer:  # the prompt is random token ids
             raise KvbenchError("--question needs a model with a tokenizer (a dummy model's prompts are random ids)")
         self.question = self.cfg.question or prompts.DEFAULT_QUESTION
         self._passage = self._read_prompt_file()
@@ -94,6 +95,7 @@ class AuditJob:
         return key("audit", check, mode, ctx, capk, extra, self.params, *filter(None, [self.s.mode_digest(mode)]))
 
     def group_keys(self, ctx: int) -> list[str]:
+        """The keys of a context's cells (a context whose every key is in the results has nothing to run)."""
         keys = [self.cell_key(p, ctx, "greedy", self._cap()) for p in self.s.peers]
         for mode in self.s.modes:
             keys.append(self.cell_key(mode, ctx, "greedy", self._cap()))
@@ -110,9 +112,7 @@ class AuditJob:
         return keys
 
     def n_cells(self) -> int:
-        per_ctx = 1 + self.cfg.ppl + 2 * len(self.cfg.kv_caps) + self.cfg.prefix_reuse + self.cfg.compare_kernels
-        per_ctx += len(self.cfg.niah_depths) if self.cfg.niah else 0
-        return len(self.s.contexts) * (len(self.s.modes) * per_ctx + len(self.s.peers))
+        return sum(len(self.group_keys(ctx)) for ctx in self.s.contexts)
 
     def _read_prompt_file(self):
         if not self.cfg.prompt_file:

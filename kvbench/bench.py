@@ -24,6 +24,7 @@ from kvbench.results import BENCH_COLUMNS, join_notes
 from kvbench.runtime import (
     Progress,
     available_bytes,
+    dtype_name,
     is_oom,
     measure_bandwidth,
     one_line,
@@ -48,7 +49,7 @@ class BenchJob:
         c = self.cfg
         # everything besides mode, context and batch that changes a measurement
         self.params = key(
-            session.lm.weights_hash, session.base_row["dtype"], c.kernel, c.cuda_graphs, c.pdl, c.gemv_kernel, c.prefill_chunk,
+            session.weights_hash, dtype_name(session.dtype), c.kernel, c.cuda_graphs, c.pdl, c.gemv_kernel, c.prefill_chunk,
             c.boundary_v, c.no_fallback, c.yarn, c.gen, c.warmup, c.repeats, c.fill, c.max_kv_size, c.keep,
             *([c.sparse_v_threshold] if c.sparse_v_threshold else []),  # (keys of dense runs as before it existed)
         )  # fmt: skip
@@ -65,9 +66,18 @@ class BenchJob:
     def cell_key(self, mode: str, ctx: int, batch) -> str:
         return key("bench", mode, ctx, batch, self.params, *filter(None, [self.s.mode_digest(mode)]))
 
+    def capacity_key(self, mode: str, ctx: int) -> str:
+        timed = ["timed"] if self.times_capacity() else []  # a resumed search without timing is not reused
+        return key("bench-capacity", mode, ctx, self.params, *filter(None, [self.s.mode_digest(mode)]), *timed)
+
+    def group_keys(self, group) -> list[str]:
+        """The keys of a group's cells (a group whose every key is in the results has nothing to run)."""
+        if group[0] == "capacity":
+            return [self.capacity_key(m, group[1]) for m in self.s.modes]
+        return [self.cell_key(m, *group) for m in (*self.s.modes, *self.s.peers)]
+
     def n_cells(self) -> int:
-        n = len(self.s.contexts) * len(self.cfg.batch) * (len(self.s.modes) + len(self.s.peers))
-        return n + (len(self.s.modes) if self.cfg.capacity else 0)
+        return sum(len(self.group_keys(g)) for g in self.groups())
 
     def fill_kind(self) -> str:
         if self.cfg.fill != "auto":
@@ -174,9 +184,8 @@ class BenchJob:
 
     def _capacity_group(self, ctx: int) -> None:
         rope_note = fit_context(self.s.lm, ctx, self.cfg.yarn)
-        timed = ["timed"] if self.times_capacity() else []  # a resumed search without timing is not reused
         for mode in self.s.modes:
-            cell = key("bench-capacity", mode, ctx, self.params, *filter(None, [self.s.mode_digest(mode)]), *timed)
+            cell = self.capacity_key(mode, ctx)
             if not self.sweep.is_done(cell):
                 for r in self._capacity(mode, ctx, rope_note):
                     self.sweep.emit({**r, "cell": cell})

@@ -306,6 +306,13 @@ def _run(job: str, cfg) -> None:
     t0 = time.time()
     devices = parse_devices(cfg.devices)
     _check_compare_kernels(cfg, devices)
+    if len(devices) > 1 and job == "audit" and cfg.prompt_file and cfg.contexts is None:
+        # one context, the file's own length, which only its tokenizer knows: one group, nothing to shard
+        console.print(
+            f"[dim]one context (the prompt file's own length): the audit runs on {devices[0]} alone "
+            "(pass --contexts to shard several over the devices)[/dim]"
+        )
+        devices = devices[:1]
     if len(devices) > 1:
         return _run_sharded(job, cfg, devices, console, t0)
     if devices:
@@ -394,15 +401,12 @@ def _run_sharded(job: str, cfg, devices: list[str], console, t0: float) -> None:
     from kvbench.engine.weights import model_identity
     from kvbench.kv import registry
     from kvbench.runtime import Progress
-    from kvbench.session import RUN_COLUMNS
-    from kvbench.sweep import run_sharded
+    from kvbench.session import RUN_COLUMNS, Session, run_modes
+    from kvbench.sweep import Sweep, job_class, run_sharded
 
     for plugin in cfg.plugin:
         registry.load_plugin(plugin)
-    from kvbench.peers import split_modes
-
-    kv_modes, peers = split_modes(cfg.modes)  # hf:* peers run in the workers beside the kvbench modes
-    modes = registry.parse_modes(kv_modes)
+    run_modes(cfg)  # an unknown mode is one line before any folder is made (hf:* peers run in the workers)
     model_id, model_hash = model_identity(cfg.model)
     gpu = devices[0].startswith("cuda")
     if cfg.contexts is None:
@@ -414,22 +418,23 @@ def _run_sharded(job: str, cfg, devices: list[str], console, t0: float) -> None:
     sweep = _open_sweep(writer, cfg, kvbench.__version__, model_hash)
     if sweep.done:
         console.print(f"resuming: {len(sweep.done)} finished cells in {writer.csv_path} are skipped")
-    if job == "audit":
-        groups = list(cfg.contexts)
-        per_ctx = 1 + cfg.ppl + 2 * len(cfg.kv_caps) + cfg.prefix_reuse + cfg.compare_kernels
-        per_ctx += len(cfg.niah_depths) if cfg.niah else 0
-        total = len(groups) * (len(set(modes) | {"fp16"}) * per_ctx + len(peers))
-    else:
-        groups = [(c, b) for c in cfg.contexts for b in cfg.batch]
-        total = len(groups) * (len(set(modes) | {"fp16"}) + len(peers))
-        if cfg.capacity:
-            groups.append(("capacity", max(cfg.contexts)))
-            total += len(set(modes) | {"fp16"})
-    console.print(f"sharding {len(groups)} groups of cells over {len(devices)} workers: {', '.join(devices)}")
+    # the cells' keys without a model: the bar's total, and the groups that --resume finds finished
+    keyer = job_class(job)(Session.keys_only(cfg, job, devices[0]), None, Sweep(sweep.sink))
+    keys = {g: keyer.group_keys(g) for g in keyer.groups()}
+    todo = [g for g, k in keys.items() if not set(k) <= sweep.done]
+    if not todo:
+        console.print(f"every cell is already in {writer.csv_path}: no worker started")
+    elif len(todo) < len(keys):
+        console.print(f"{len(keys) - len(todo)} of {len(keys)} groups are finished; {len(todo)} left")
+    if todo:
+        console.print(f"sharding {len(todo)} groups of cells over {len(devices)} workers: {', '.join(devices)}")
     cfg.resume = False  # workers get the finished cells from here
     try:
-        with Progress(total, cfg.quiet, console) as progress:
-            rows = run_sharded(job, cfg, devices, groups, sweep.sink, columns, progress, done=sweep.done)
+        with Progress(sum(map(len, keys.values())), cfg.quiet, console) as progress:
+            for g in keys.keys() - set(todo):
+                for _ in keys[g]:
+                    progress.cell_done()
+            rows = run_sharded(job, cfg, devices, todo, sweep.sink, columns, progress, done=sweep.done) if todo else []
     except KeyboardInterrupt:
         typer.echo(f"interrupted: finished cells are saved in {writer.csv_path}; rerun with --resume", err=True)
         raise typer.Exit(130) from None
@@ -785,15 +790,20 @@ def plan(
     # absolute paths: each command runs wherever the scheduler starts it
     config, out = str(Path(config).resolve()), str(Path(out).resolve())
     contexts = cfg.contexts or [2048, 8192, 32768]
-    if not cfg.contexts:  # the jobs are meant for GPU nodes (the Slurm script asks for one): their default set
+    own_length = job == "audit" and bool(cfg.prompt_file) and not cfg.contexts
+    if own_length:  # the audit runs at the prompt file's own length, which only the model's tokenizer knows
+        contexts = [None]
+        typer.echo(f"# {config} sets a prompt_file and no contexts: one job, at the file's own length", err=True)
+    elif not cfg.contexts:  # the jobs are meant for GPU nodes (the Slurm script asks for one): their default set
         planned = ", ".join(f"{c // 1024}K" for c in contexts)
         typer.echo(f"# {config} sets no contexts: planned the GPU default {planned} (set `contexts` there)", err=True)
     cmds = []
     for ctx in contexts:
         batches = cfg.batch if job == "decode-bench" else [None]
         for b in batches:
-            name = f"ctx{ctx}" + (f"-b{b}" if b else "")
-            parts = ["kvbench", job, "--config", config, "--contexts", str(ctx), "--out", f"{out}/{name}", "--resume"]
+            name = (f"ctx{ctx}" + (f"-b{b}" if b else "")) if ctx else "prompt-file"
+            parts = ["kvbench", job, "--config", config, *(["--contexts", str(ctx)] if ctx else []),
+                     "--out", f"{out}/{name}", "--resume"]  # fmt: skip
             if b:
                 parts += ["--batch", str(b)]
             cmds.append(" ".join(shlex.quote(p) for p in parts))

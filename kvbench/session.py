@@ -25,6 +25,15 @@ def total_positions(cfg, context: int) -> int:
     return context + cfg.gen_tokens
 
 
+def run_modes(cfg) -> tuple[list[str], list[str]]:
+    """(kvbench modes with fp16 first, transformers peers) of a run; plugins are loaded."""
+    from kvbench.peers import split_modes
+
+    kv_modes, peers = split_modes(cfg.modes)
+    modes = [m for m in registry.parse_modes(kv_modes) if m != "fp16"]
+    return ["fp16", *modes], peers  # the reference always runs, first
+
+
 def check_kv_memory(args, cfg, contexts, device, dtype) -> None:
     """Refuse a context x batch whose KV cache cannot fit the free memory (one line). The cheapest mode stores
     ~1/4 of fp16's bytes; on CPU an out-of-memory kills the process, so fp16's bytes count there."""
@@ -58,6 +67,7 @@ class Session:
     started: float = field(default_factory=time.time)
     _hf: object = None
     _mode_digests: dict = field(default_factory=dict)  # mode -> its plugin file's hash, read once per run
+    _weights_hash: str = ""  # a keys-only session's (`keys_only`: no model loaded)
 
     # -------------------------------------------------------------- construction
     @classmethod
@@ -65,13 +75,7 @@ class Session:
         for plugin in cfg.plugin:
             added = registry.load_plugin(plugin)
             log(f"plugin {plugin}: registered {', '.join(added) or 'no modes (no @register class in it)'}")
-        from kvbench.peers import split_modes
-
-        kv_modes, peers = split_modes(cfg.modes)
-        modes = registry.parse_modes(kv_modes)
-        if "fp16" in modes:
-            modes.remove("fp16")
-        modes = ["fp16", *modes]  # the reference always runs, first
+        modes, peers = run_modes(cfg)
         device = pick_device(cfg.device)
         dtype = pick_dtype(cfg.dtype, device)
         kernel = pick_kernel(cfg.kernel, device)
@@ -130,6 +134,34 @@ class Session:
             if note:
                 log(f"[yellow]{note}[/yellow]")
         return self
+
+    @classmethod
+    def keys_only(cls, cfg, job: str, device: str) -> Session:
+        """A session without a model, for what its cells' keys are made of (the weights' hash, the dtype, the
+        modes, the plugins' digests): a sharded run's main process reads `--resume`'s finished groups from it
+        before any worker loads the model. `cfg.contexts` is set (the sharded run sets it) and plugins are loaded."""
+        from kvbench.engine.weights import model_identity
+
+        modes, peers = run_modes(cfg)
+        _, weights_hash = model_identity(cfg.model)
+        return cls(
+            cfg=cfg,
+            job=job,
+            device=torch.device(device),  # only its type counts (capacity timing); no CUDA call
+            dtype=pick_dtype(cfg.dtype, torch.device(device)),
+            kernel=cfg.kernel,
+            modes=modes,
+            contexts=list(cfg.contexts),
+            lm=None,
+            out_dir=Path(cfg.out or "."),
+            base_row={},
+            peers=peers,
+            _weights_hash=weights_hash,
+        )
+
+    @property
+    def weights_hash(self) -> str:
+        return self.lm.weights_hash if self.lm is not None else self._weights_hash
 
     def prompt_digest(self) -> str:
         """A short hash of the prompt file's contents ("" without one), for the audit's cell keys: `--resume`

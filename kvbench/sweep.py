@@ -180,7 +180,7 @@ def _worker(job: str, cfg, device: str, wid: int, tasks, results, done: set) -> 
     try:
         session = Session.open(cfg, job, log=lambda m: None)
         results.put(("notes", wid, list(session.notes)))  # the model's and modes' notes (a fallback), once shown
-        job_cls = _job_class(job)
+        job_cls = job_class(job)
         while True:
             try:
                 group = tasks.get(timeout=0.5)
@@ -204,7 +204,7 @@ def _worker(job: str, cfg, device: str, wid: int, tasks, results, done: set) -> 
     results.put(("exit", wid, None))
 
 
-def _job_class(job: str):
+def job_class(job: str):
     if job == "audit":
         from kvbench.audit import AuditJob
 

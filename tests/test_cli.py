@@ -850,7 +850,8 @@ def test_a_run_whose_every_cell_failed_exits_nonzero(tmp_path, monkeypatch):
 @pytest.mark.usefixtures("default_model")  # converted first: a fresh machine's one-time notice is not in `err`
 def test_prompt_file_errors_name_the_file_and_the_fix(tmp_path, capsys, monkeypatch):
     """An empty prompt file, or one too short for --contexts, is one line naming the file (and the context
-    that would fit); without --contexts the run says it takes the file's own length (not the CPU default)."""
+    that would fit); without --contexts the run says it takes the file's own length (not the CPU default),
+    sharded over --devices too."""
     import sys
 
     empty, short = tmp_path / "empty.txt", tmp_path / "short.txt"
@@ -878,6 +879,12 @@ def test_prompt_file_errors_name_the_file_and_the_fix(tmp_path, capsys, monkeypa
     assert {int(r["context_tokens"]) for r in rows} == {at_most}  # the file's own length is the longest that fits
     ppl = [r for r in rows if r["check"] == "ppl"]  # the file's text is shorter than the context: no window
     assert ppl and all(r["status"] == "skipped" and "fewer than one" in r["notes"] for r in ppl)
+    # sharded, the one context (the file's length, which only the tokenizer knows) runs on the first device
+    result = run(["audit", "--modes", "int8", "--gen-tokens", "2", "--prompt-file", str(short), "--devices", "cpu,cpu",
+                  "--out", str(tmp_path / "sharded")])  # fmt: skip
+    assert "the audit runs on cpu alone" in result.output and "sharding" not in result.output
+    rows = list(csv.DictReader((tmp_path / "sharded" / "audit.csv").read_text().splitlines()))
+    assert {int(r["context_tokens"]) for r in rows} == {at_most} and {r["status"] for r in rows} == {"ok"}
 
 
 def test_ppl_reads_the_prompt_file(tmp_path):

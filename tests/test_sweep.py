@@ -225,8 +225,10 @@ def test_config_file_and_command_line_override(tmp_path):
 
 def test_sharded_run_equals_unsharded(tmp_path, monkeypatch):
     """Sharded over two workers, the same cells; the bar counts every cell, and a resumed run's bar counts
-    the skipped ones too (it ended at 7/24) after saying it resumes."""
+    the skipped ones too (it ended at 7/24) after saying it resumes; a resumed run starts workers only for the
+    groups with cells left."""
     from kvbench import runtime
+    from kvbench import sweep as sweep_mod
 
     bars = []
 
@@ -249,9 +251,20 @@ def test_sharded_run_equals_unsharded(tmp_path, monkeypatch):
     assert "2 workers" in runs[0]["device"]
     assert bars[-1].ticks == bars[-1].total > 0
     loud = [a for a in BENCH if a != "--quiet"]
+    started = []
+    real = sweep_mod.run_sharded
+    monkeypatch.setattr(sweep_mod, "run_sharded", lambda *a, **k: started.append(a[3]) or real(*a, **k))
     result = run(["decode-bench", *loud, "--out", str(two), "--devices", "cpu,cpu", "--resume"])
     assert f"resuming: {len(cells(one / 'bench.csv'))} finished cells" in result.output
     assert bars[-1].ticks == bars[-1].total and len(read(two / "bench.csv")) == len(read(one / "bench.csv"))
+    # every group finished: no worker starts (they would load the model only to skip every cell)
+    assert "every cell is already in" in result.output and started == []
+    # half of them finished: the workers get only the others
+    three, half = tmp_path / "three", [("48" if a == "48,64" else a) for a in loud]
+    run(["decode-bench", *half, "--out", str(three), "--devices", "cpu,cpu"])
+    result = run(["decode-bench", *loud, "--out", str(three), "--devices", "cpu,cpu", "--resume"])
+    assert "2 of 4 groups are finished; 2 left" in result.output and started[-1] == [(64, 1), (64, 2)]
+    assert bars[-1].ticks == bars[-1].total and cells(three / "bench.csv") == cells(one / "bench.csv")
 
 
 def test_shipped_configs_are_valid():
@@ -284,6 +297,47 @@ def test_plan_says_which_contexts_it_assumed(tmp_path):
     assert sum(x.startswith("kvbench audit") for x in result.output.splitlines()) == 3
     result = run(["plan", "audit", "--config", "configs/ci-tiny.toml", "--out", str(tmp_path / "q")])
     assert "sets no contexts" not in result.output
+    # an audit of a prompt file without contexts runs at the file's own length (as unplanned): one job
+    config = tmp_path / "mine.toml"
+    config.write_text('[audit]\nprompt_file = "mine.txt"\n')
+    (tmp_path / "mine.txt").write_text("Emma Woodhouse, handsome, clever, and rich.")
+    result = run(["plan", "audit", "--config", str(config), "--out", str(tmp_path / "r")])
+    jobs = [x for x in result.output.splitlines() if x.startswith("kvbench audit")]
+    assert "one job, at the file's own length" in result.output and "GPU default" not in result.output
+    assert (
+        len(jobs) == 1 and "--contexts" not in jobs[0] and f"--out {(tmp_path / 'r').resolve()}/prompt-file " in jobs[0]
+    )
+
+
+def test_a_sharded_audits_main_process_keys_cells_as_its_workers_do(tmp_path, monkeypatch):
+    """The main process of a sharded run keys the cells without a model (the weights' hash, the dtype, a plugin
+    file's digest, every check): keyed otherwise, a resumed audit whose cells are all there would start workers,
+    or one whose cells are not would skip them."""
+    from kvbench import sweep as sweep_mod
+    from kvbench.kv import registry
+
+    plugin = tmp_path / "mine.py"
+    plugin.write_text(
+        "from kvbench.kv.registry import register\nfrom kvbench.kv.int8 import Int8Cache\n\n"
+        "@register\nclass Mine(Int8Cache):\n    name = 'mine-int8'\n    aliases = ()\n"
+    )
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = [*AUDIT, "--modes", "fp16,mine-int8", "--plugin", str(plugin), "--keep", "0"]
+    try:
+        run(["audit", *args, "--out", str(one)])
+        run(["audit", *args, "--out", str(two), "--devices", "cpu,cpu"])
+        assert cells(one / "audit.csv") == cells(two / "audit.csv")
+        started = []
+        monkeypatch.setattr(sweep_mod, "run_sharded", lambda *a, **k: started.append(a[3]) or [])
+        loud = [a for a in args if a != "--quiet"]
+        result = run(["audit", *loud, "--out", str(two), "--devices", "cpu,cpu", "--resume"])
+        assert "every cell is already in" in result.output and started == []
+        plugin.write_text(plugin.read_text() + "    summary = 'edited'\n")  # its cells' keys change
+        result = run(["audit", *loud, "--out", str(two), "--devices", "cpu,cpu", "--resume"])
+        assert started == [[40, 56]], result.output
+    finally:
+        registry.MODES.pop("mine-int8", None)
+        registry._ALIASES.pop("mine-int8", None)
 
 
 def test_markdown_table_holds_every_row_after_a_resume(tmp_path):
