@@ -317,10 +317,16 @@ def _run(job: str, cfg) -> None:
         return _run_sharded(job, cfg, devices, console, t0)
     if devices:
         cfg.device = devices[0]
+    resumed = _resume_before_the_model(job, cfg)
+    if resumed and resumed[2]:
+        console.print(f"every cell is already in {resumed[0].csv_path}: nothing to run")
+        return
     session = Session.open(cfg, job, log=lambda m: console.print(m))
-    stem, columns = _job_files(job)
-    writer = session.writer(stem, columns)
-    sweep = _open_sweep(writer, cfg, session.base_row["kvbench_version"], session.lm.weights_hash)
+    if resumed:
+        writer, sweep, _ = resumed
+    else:
+        writer = session.writer(*_job_files(job))
+        sweep = _open_sweep(writer, cfg, session.base_row["kvbench_version"], session.lm.weights_hash)
     if sweep.done:
         console.print(f"resuming: {len(sweep.done)} finished cells in {writer.csv_path} are skipped")
     if job == "audit":
@@ -352,6 +358,41 @@ def _run(job: str, cfg) -> None:
         raise typer.Exit(130) from None
     session.record_run(time.time() - t0)
     _finish(job, cfg, rows, writer, console, t0)
+
+
+def _resume_before_the_model(job: str, cfg):
+    """With --resume on an existing results file: (writer, sweep, whether every cell of this command is already
+    there), opened and keyed without a model, which would otherwise load only for its cells to be skipped.
+    None where the run opens its results as usual (no --resume, no file yet)."""
+    import copy
+
+    import kvbench
+    from kvbench import results
+    from kvbench.engine.weights import model_identity
+    from kvbench.kv import registry
+    from kvbench.runtime import pick_device
+    from kvbench.session import Session, default_contexts
+    from kvbench.sweep import job_class
+
+    if not cfg.resume:
+        return None
+    device = pick_device(cfg.device)
+    out = Path(cfg.out) if cfg.out else results.default_out_dir(device)
+    stem, columns = _job_files(job)
+    if not (out / f"{stem}.csv").is_file():
+        return None
+    results.check_out_dir(out)
+    for plugin in cfg.plugin:
+        registry.load_plugin(plugin)
+    writer = results.ResultsWriter(out, stem, columns, formats=cfg.formats)
+    sweep = _open_sweep(writer, cfg, kvbench.__version__, model_identity(cfg.model)[1])
+    if job == "audit" and cfg.prompt_file and cfg.contexts is None:
+        return writer, sweep, False  # the prompt file's own length is known only to the model's tokenizer
+    plan = copy.copy(cfg)
+    plan.contexts = cfg.contexts or default_contexts(device.type)
+    keyer = job_class(job)(Session.keys_only(plan, job, str(device)), None, sweep)
+    keys = [k for g in keyer.groups() for k in keyer.group_keys(g)]
+    return writer, sweep, bool(keys) and set(keys) <= sweep.done
 
 
 def _check_compare_kernels(cfg, devices: list[str]) -> None:
@@ -401,16 +442,15 @@ def _run_sharded(job: str, cfg, devices: list[str], console, t0: float) -> None:
     from kvbench.engine.weights import model_identity
     from kvbench.kv import registry
     from kvbench.runtime import Progress
-    from kvbench.session import RUN_COLUMNS, Session, run_modes
+    from kvbench.session import RUN_COLUMNS, Session, default_contexts, run_modes
     from kvbench.sweep import Sweep, job_class, run_sharded
 
     for plugin in cfg.plugin:
         registry.load_plugin(plugin)
     run_modes(cfg)  # an unknown mode is one line before any folder is made (hf:* peers run in the workers)
     model_id, model_hash = model_identity(cfg.model)
-    gpu = devices[0].startswith("cuda")
     if cfg.contexts is None:
-        cfg.contexts = [2048, 8192, 32768] if gpu else [2048, 8192]
+        cfg.contexts = default_contexts(devices[0].split(":")[0])
     out = Path(cfg.out) if cfg.out else results.default_out_dir(devices[0])
     results.check_out_dir(out)
     stem, columns = _job_files(job)

@@ -25,6 +25,11 @@ def total_positions(cfg, context: int) -> int:
     return context + cfg.gen_tokens
 
 
+def default_contexts(device_type: str) -> list[int]:
+    """The contexts of a run without --contexts: 2K, 8K and 32K on a GPU; 2K and 8K on CPU."""
+    return [2048, 8192, 32768] if device_type == "cuda" else [2048, 8192]
+
+
 def run_modes(cfg) -> tuple[list[str], list[str]]:
     """(kvbench modes with fp16 first, transformers peers) of a run; plugins are loaded."""
     from kvbench.peers import split_modes
@@ -85,10 +90,8 @@ class Session:
             contexts = []
             notes.append("context: the prompt file's own length (--contexts cuts it to given lengths)")
         elif contexts is None:
-            if device.type == "cuda":
-                contexts = [2048, 8192, 32768]
-            else:
-                contexts = [2048, 8192]
+            contexts = default_contexts(device.type)
+            if device.type != "cuda":
                 notes.append("CPU default contexts 2K and 8K (32K takes many minutes per mode on CPU; pass --contexts)")
         out_dir = Path(cfg.out) if cfg.out else results.default_out_dir(device)
         results.check_out_dir(out_dir)  # before the model loads: a bad --out fails in a second

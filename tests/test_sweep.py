@@ -309,6 +309,29 @@ def test_plan_says_which_contexts_it_assumed(tmp_path):
     )
 
 
+def test_a_resume_with_every_cell_done_loads_no_model(tmp_path, monkeypatch):
+    """`--resume` on a results folder that holds every cell of the command says so and stops, before the model
+    loads (it would load only for every cell to be skipped); one cell missing, and the run goes on as usual."""
+    from kvbench.session import Session
+
+    loads = []
+    real = Session.open.__func__
+    monkeypatch.setattr(Session, "open", classmethod(lambda cls, *a, **k: loads.append(a[1]) or real(cls, *a, **k)))
+    bench = [*TINY, "--contexts", "48", "--batch", "1", "--gen", "2", "--warmup", "1", "--repeats", "1"]
+    audit = [*TINY, "--contexts", "40", "--gen-tokens", "2", "--kv-cap-check", "24"]
+    for job, args, more in (("decode-bench", bench, ["--batch", "1,2"]), ("audit", audit, ["--contexts", "40,48"])):
+        out = tmp_path / job
+        loud = [a for a in args if a != "--quiet"]
+        run([job, *args, "--out", str(out)])
+        rows = read(out / f"{'bench' if job == 'decode-bench' else 'audit'}.csv")
+        result = run([job, *loud, "--out", str(out), "--resume"])
+        assert loads == [job] and "every cell is already in" in result.output  # the first run's load only
+        result = run([job, *loud, *more, "--out", str(out), "--resume"])  # more cells than the folder holds
+        assert loads == [job, job] and "every cell is already in" not in result.output
+        assert len(read(out / f"{'bench' if job == 'decode-bench' else 'audit'}.csv")) > len(rows)
+        loads.clear()
+
+
 def test_a_sharded_audits_main_process_keys_cells_as_its_workers_do(tmp_path, monkeypatch):
     """The main process of a sharded run keys the cells without a model (the weights' hash, the dtype, a plugin
     file's digest, every check): keyed otherwise, a resumed audit whose cells are all there would start workers,
