@@ -141,8 +141,9 @@ class Session:
     @classmethod
     def keys_only(cls, cfg, job: str, device: str) -> Session:
         """A session without a model, for what its cells' keys are made of (the weights' hash, the dtype, the
-        modes, the plugins' digests): a sharded run's main process reads `--resume`'s finished groups from it
-        before any worker loads the model. `cfg.contexts` is set (the sharded run sets it) and plugins are loaded."""
+        modes, the plugins' digests): `--resume` finds the finished groups with it before any model loads (in a
+        sharded run's main process, and before a single-process run's load). The caller sets `cfg.contexts` and
+        loads the plugins."""
         from kvbench.engine.weights import model_identity
 
         modes, peers = run_modes(cfg)
