@@ -320,6 +320,7 @@ def _run(job: str, cfg) -> None:
     resumed = _resume_before_the_model(job, cfg)
     if resumed and resumed[2]:
         console.print(f"every cell is already in {resumed[0].csv_path}: nothing to run")
+        _write_md(job, cfg, resumed[0])  # `--format md` still gets the table of every row
         return
     session = Session.open(cfg, job, log=lambda m: console.print(m))
     if resumed:
