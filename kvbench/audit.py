@@ -72,9 +72,6 @@ class AuditJob:
         self._ref_tokens = None  # fp16's greedy tokens at the current context (peers are forced on them)
         self._shared_prefill = None  # (prompt, per-layer fresh K/V, last logits) of a one-chunk prompt
         self._lm32 = None  # the model in float32: the kernel check's yardstick (`_fp32_yardstick`)
-        no_tokenizer = session.lm is not None and session.lm.tokenizer is None  # (None: a keys-only session)
-        if self.cfg.question is not None and no_tokenizer:  # the prompt is random token ids
-            raise KvbenchError("--question needs a model with a tokenizer (a dummy model's prompts are random ids)")
         self.question = self.cfg.question or prompts.DEFAULT_QUESTION
         self._passage = self._read_prompt_file()
         if self.cfg.contexts is None and self._passage is not None:
@@ -158,6 +155,8 @@ class AuditJob:
     def preflight(self) -> None:
         """Build every context's prompts before any cell runs: a prompt file or a needle prompt that cannot fill
         one context is a one-line error now, not after the shorter contexts' work."""
+        if self.cfg.question is not None and self.s.lm.tokenizer is None:  # the prompt is random token ids
+            raise KvbenchError("--question needs a model with a tokenizer (a dummy model's prompts are random ids)")
         for ctx in self.s.contexts:
             if self.sweep.wants(ctx):
                 self.prompt(ctx)

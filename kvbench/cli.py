@@ -297,6 +297,25 @@ def _open_sweep(writer, cfg, version: str, model_hash: str):
     return Sweep(FileSink(writer), done=done)
 
 
+def _open_results(job: str, cfg, out: Path, model_hash: str):
+    """(writer, sweep) of a results folder, opened without a model (a sharded run's main process; a resume)."""
+    import kvbench
+    from kvbench import results
+
+    results.check_out_dir(out)
+    writer = results.ResultsWriter(out, *_job_files(job), formats=cfg.formats)
+    return writer, _open_sweep(writer, cfg, kvbench.__version__, model_hash)
+
+
+def _keys_by_group(job: str, cfg, device: str, model_hash: str) -> dict:
+    """Each group of the sweep (`cfg.contexts` set) -> its cells' keys, built without a model."""
+    from kvbench.session import Session
+    from kvbench.sweep import Sweep, job_class
+
+    keyer = job_class(job)(Session.keys_only(cfg, job, device, model_hash), None, Sweep(None))
+    return {g: keyer.group_keys(g) for g in keyer.groups()}
+
+
 def _run(job: str, cfg) -> None:
     from kvbench.runtime import Progress
     from kvbench.session import Session
@@ -367,32 +386,27 @@ def _resume_before_the_model(job: str, cfg):
     None where the run opens its results as usual (no --resume, no file yet)."""
     import copy
 
-    import kvbench
     from kvbench import results
     from kvbench.engine.weights import model_identity
     from kvbench.kv import registry
     from kvbench.runtime import pick_device
-    from kvbench.session import Session, default_contexts
-    from kvbench.sweep import job_class
+    from kvbench.session import default_contexts
 
     if not cfg.resume:
         return None
     device = pick_device(cfg.device)
     out = Path(cfg.out) if cfg.out else results.default_out_dir(device)
-    stem, columns = _job_files(job)
-    if not (out / f"{stem}.csv").is_file():
+    if not (out / f"{_job_files(job)[0]}.csv").is_file():
         return None
-    results.check_out_dir(out)
     for plugin in cfg.plugin:
         registry.load_plugin(plugin)
-    writer = results.ResultsWriter(out, stem, columns, formats=cfg.formats)
-    sweep = _open_sweep(writer, cfg, kvbench.__version__, model_identity(cfg.model)[1])
+    model_hash = model_identity(cfg.model)[1]
+    writer, sweep = _open_results(job, cfg, out, model_hash)
     if job == "audit" and cfg.prompt_file and cfg.contexts is None:
         return writer, sweep, False  # the prompt file's own length is known only to the model's tokenizer
     plan = copy.copy(cfg)
     plan.contexts = cfg.contexts or default_contexts(device.type)
-    keyer = job_class(job)(Session.keys_only(plan, job, str(device)), None, sweep)
-    keys = [k for g in keyer.groups() for k in keyer.group_keys(g)]
+    keys = [k for ks in _keys_by_group(job, plan, str(device), model_hash).values() for k in ks]
     return writer, sweep, bool(keys) and set(keys) <= sweep.done
 
 
@@ -443,25 +457,21 @@ def _run_sharded(job: str, cfg, devices: list[str], console, t0: float) -> None:
     from kvbench.engine.weights import model_identity
     from kvbench.kv import registry
     from kvbench.runtime import Progress
-    from kvbench.session import RUN_COLUMNS, Session, default_contexts, run_modes
-    from kvbench.sweep import Sweep, job_class, run_sharded
+    from kvbench.session import RUN_COLUMNS, default_contexts
+    from kvbench.sweep import run_sharded
 
     for plugin in cfg.plugin:
         registry.load_plugin(plugin)
-    run_modes(cfg)  # an unknown mode is one line before any folder is made (hf:* peers run in the workers)
     model_id, model_hash = model_identity(cfg.model)
     if cfg.contexts is None:
         cfg.contexts = default_contexts(devices[0].split(":")[0])
+    # the cells' keys without a model (an unknown mode is one line here, before any folder is made): the bar's
+    # total, and the groups that --resume finds finished
+    keys = _keys_by_group(job, cfg, devices[0], model_hash)
     out = Path(cfg.out) if cfg.out else results.default_out_dir(devices[0])
-    results.check_out_dir(out)
-    stem, columns = _job_files(job)
-    writer = results.ResultsWriter(out, stem, columns, formats=cfg.formats)
-    sweep = _open_sweep(writer, cfg, kvbench.__version__, model_hash)
+    writer, sweep = _open_results(job, cfg, out, model_hash)
     if sweep.done:
         console.print(f"resuming: {len(sweep.done)} finished cells in {writer.csv_path} are skipped")
-    # the cells' keys without a model: the bar's total, and the groups that --resume finds finished
-    keyer = job_class(job)(Session.keys_only(cfg, job, devices[0]), None, Sweep(sweep.sink))
-    keys = {g: keyer.group_keys(g) for g in keyer.groups()}
     todo = [g for g, k in keys.items() if not set(k) <= sweep.done]
     if not todo:
         console.print(f"every cell is already in {writer.csv_path}: no worker started")
@@ -475,7 +485,11 @@ def _run_sharded(job: str, cfg, devices: list[str], console, t0: float) -> None:
             for g in keys.keys() - set(todo):
                 for _ in keys[g]:
                     progress.cell_done()
-            rows = run_sharded(job, cfg, devices, todo, sweep.sink, columns, progress, done=sweep.done) if todo else []
+            rows = (
+                run_sharded(job, cfg, devices, todo, sweep.sink, writer.columns, progress, done=sweep.done)
+                if todo
+                else []
+            )
     except KeyboardInterrupt:
         typer.echo(f"interrupted: finished cells are saved in {writer.csv_path}; rerun with --resume", err=True)
         raise typer.Exit(130) from None
@@ -821,6 +835,8 @@ def plan(
     """
     import shlex
 
+    from kvbench.session import default_contexts
+
     if job not in ("audit", "decode-bench"):
         raise KvbenchError(f"plan: job must be audit or decode-bench, not '{job}'")
     if emit != "jobs":
@@ -830,7 +846,7 @@ def plan(
     cfg = config_mod.build_config(job, config, {})
     # absolute paths: each command runs wherever the scheduler starts it
     config, out = str(Path(config).resolve()), str(Path(out).resolve())
-    contexts = cfg.contexts or [2048, 8192, 32768]
+    contexts = cfg.contexts or default_contexts("cuda")
     own_length = job == "audit" and bool(cfg.prompt_file) and not cfg.contexts
     if own_length:  # the audit runs at the prompt file's own length, which only the model's tokenizer knows
         contexts = [None]

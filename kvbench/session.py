@@ -139,20 +139,18 @@ class Session:
         return self
 
     @classmethod
-    def keys_only(cls, cfg, job: str, device: str) -> Session:
+    def keys_only(cls, cfg, job: str, device: str, weights_hash: str) -> Session:
         """A session without a model, for what its cells' keys are made of (the weights' hash, the dtype, the
         modes, the plugins' digests): `--resume` finds the finished groups with it before any model loads (in a
         sharded run's main process, and before a single-process run's load). The caller sets `cfg.contexts` and
         loads the plugins."""
-        from kvbench.engine.weights import model_identity
-
         modes, peers = run_modes(cfg)
-        _, weights_hash = model_identity(cfg.model)
+        dev = torch.device(device)  # only its type counts (capacity timing); no CUDA call
         return cls(
             cfg=cfg,
             job=job,
-            device=torch.device(device),  # only its type counts (capacity timing); no CUDA call
-            dtype=pick_dtype(cfg.dtype, torch.device(device)),
+            device=dev,
+            dtype=pick_dtype(cfg.dtype, dev),
             kernel=cfg.kernel,
             modes=modes,
             contexts=list(cfg.contexts),
