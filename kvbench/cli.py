@@ -318,15 +318,14 @@ def _keys_by_group(job: str, cfg, device: str, model_hash: str) -> dict:
 
 def _run(job: str, cfg) -> None:
     from kvbench.runtime import Progress
-    from kvbench.session import Session
+    from kvbench.session import Session, at_prompt_length
     from kvbench.sweep import parse_devices
 
     console = _console(cfg.quiet)
     t0 = time.time()
     devices = parse_devices(cfg.devices)
     _check_compare_kernels(cfg, devices)
-    if len(devices) > 1 and job == "audit" and cfg.prompt_file and cfg.contexts is None:
-        # one context, the file's own length, which only its tokenizer knows: one group, nothing to shard
+    if len(devices) > 1 and at_prompt_length(job, cfg):  # one group, nothing to shard
         console.print(
             f"[dim]one context (the prompt file's own length): the audit runs on {devices[0]} alone "
             "(pass --contexts to shard several over the devices)[/dim]"
@@ -390,7 +389,7 @@ def _resume_before_the_model(job: str, cfg):
     from kvbench.engine.weights import model_identity
     from kvbench.kv import registry
     from kvbench.runtime import pick_device
-    from kvbench.session import default_contexts
+    from kvbench.session import at_prompt_length, default_contexts
 
     if not cfg.resume:
         return None
@@ -402,8 +401,8 @@ def _resume_before_the_model(job: str, cfg):
         registry.load_plugin(plugin)
     model_hash = model_identity(cfg.model)[1]
     writer, sweep = _open_results(job, cfg, out, model_hash)
-    if job == "audit" and cfg.prompt_file and cfg.contexts is None:
-        return writer, sweep, False  # the prompt file's own length is known only to the model's tokenizer
+    if at_prompt_length(job, cfg):
+        return writer, sweep, False
     plan = copy.copy(cfg)
     plan.contexts = cfg.contexts or default_contexts(device.type)
     keys = [k for ks in _keys_by_group(job, plan, str(device), model_hash).values() for k in ks]
@@ -835,7 +834,7 @@ def plan(
     """
     import shlex
 
-    from kvbench.session import default_contexts
+    from kvbench.session import at_prompt_length, default_contexts
 
     if job not in ("audit", "decode-bench"):
         raise KvbenchError(f"plan: job must be audit or decode-bench, not '{job}'")
@@ -847,8 +846,7 @@ def plan(
     # absolute paths: each command runs wherever the scheduler starts it
     config, out = str(Path(config).resolve()), str(Path(out).resolve())
     contexts = cfg.contexts or default_contexts("cuda")
-    own_length = job == "audit" and bool(cfg.prompt_file) and not cfg.contexts
-    if own_length:  # the audit runs at the prompt file's own length, which only the model's tokenizer knows
+    if at_prompt_length(job, cfg):
         contexts = [None]
         typer.echo(f"# {config} sets a prompt_file and no contexts: one job, at the file's own length", err=True)
     elif not cfg.contexts:  # the jobs are meant for GPU nodes (the Slurm script asks for one): their default set

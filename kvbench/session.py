@@ -30,6 +30,12 @@ def default_contexts(device_type: str) -> list[int]:
     return [2048, 8192, 32768] if device_type == "cuda" else [2048, 8192]
 
 
+def at_prompt_length(job: str, cfg) -> bool:
+    """An audit of a --prompt-file without --contexts: one context, the file's own length, which only the model's
+    tokenizer knows (so nothing can key, shard or plan its cells by length before the model loads)."""
+    return job == "audit" and bool(getattr(cfg, "prompt_file", None)) and cfg.contexts is None
+
+
 def run_modes(cfg) -> tuple[list[str], list[str]]:
     """(kvbench modes with fp16 first, transformers peers) of a run; plugins are loaded."""
     from kvbench.peers import split_modes
@@ -86,7 +92,7 @@ class Session:
         kernel = pick_kernel(cfg.kernel, device)
         notes = []
         contexts = cfg.contexts
-        if contexts is None and job == "audit" and cfg.prompt_file:  # the audit sets it from the file
+        if at_prompt_length(job, cfg):  # the audit sets it from the file
             contexts = []
             notes.append("context: the prompt file's own length (--contexts cuts it to given lengths)")
         elif contexts is None:
