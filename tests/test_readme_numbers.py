@@ -1,6 +1,7 @@
-"""The README's "Results on an H200" numbers are the committed run's: every ratio, capacity, tok/s and floor
-fraction it quotes is read again from the bench.csv of the results folder it links, and must round to what the
-README prints. Editing either side alone fails here."""
+"""The benchmark numbers in the README's "Results on an H200" are the committed run's: the headline table, fp16's
+speed and floor fractions, throughput at capacity, peak memory and raw turbo4's floor arithmetic are read again
+from the bench.csv of the results folder the section links, and must round to what the README prints. Editing
+either side alone fails here. (The section's audit summary and its across-runs spread are not checked here.)"""
 
 import re
 from pathlib import Path
@@ -95,3 +96,60 @@ def test_fp16s_speed_and_floor_fraction_are_the_cited_runs():
 @pytest.mark.parametrize("shown, off", [("1.018x", False), ("1.017x", True), ("1.0178x", False), ("1.02x", False)])
 def test_same_rounds_to_the_printed_digits(shown, off):
     assert same(1.0178, shown) is not off
+
+
+def bullet(start: str) -> str:
+    """The README bullet that begins with `start`, joined onto one line."""
+    section = h200_section()
+    i = section.index(start)
+    end = section.find("\n- ", i)
+    return " ".join(section[i:end].split())
+
+
+def test_throughput_at_capacity_is_the_cited_runs():
+    text = bullet("- **Throughput at capacity**")
+    run = cited_run()
+    timed = run[run.notes.str.contains("capacity search", na=False) & run.decode_tok_s.notna()]
+    timed = timed.set_index("kv_cache_mode")
+    base = re.search(r"fp16 ([\d.]+) tok/s at batch (\d+)", text)
+    assert base and same(timed.decode_tok_s["fp16"], base.group(1)) and int(base.group(2)) == timed.batch["fp16"]
+    names = {"raw turbo4": "turbo4", "delegated": "turbo4-delegated"}
+    quoted = re.findall(
+        r"(int8|turbo3-asym|raw turbo4|turbo4-asym|delegated) ([\d.]+x)(?: that)? \((?:batch )?(\d+)\)", text
+    )
+    assert len(quoted) == 5, quoted
+    for name, ratio, batch in quoted:
+        mode = names.get(name, name)
+        assert same(timed.decode_tok_s[mode] / timed.decode_tok_s["fp16"], ratio), (mode, ratio)
+        assert int(batch) == timed.batch[mode], (mode, batch)
+
+
+def test_peak_memory_falls_as_the_cited_run_measured():
+    text = bullet("- **Peak memory at 32K falls by the KV saving**")
+    run = cited_run()
+    b16 = run[(run.context_tokens == 32768) & (run.batch == 16)].set_index("kv_cache_mode")
+    quoted = re.findall(r"(int8|turbo3-asym|turbo4) -([\d.]+) GB for ([\d.]+) GB", text)
+    assert len(quoted) == 3, quoted
+    for mode, peak, kv in quoted:
+        assert same(b16.peak_mem_gb["fp16"] - b16.peak_mem_gb[mode], peak), (mode, peak)
+        assert same((b16.kv_bytes["fp16"] - b16.kv_bytes[mode]) / 1e9, kv), (mode, kv)
+
+
+def test_raw_turbo4s_floor_arithmetic_is_the_cited_runs():
+    text = bullet("- **raw turbo4:")
+    run = cited_run()
+    at32 = run[(run.context_tokens == 32768) & run.batch.isin([1, 16])]
+    fp16 = at32[at32.kv_cache_mode == "fp16"].set_index("batch")
+    raw = at32[at32.kv_cache_mode == "turbo4"].set_index("batch")
+    reach = re.search(r"it reaches (\d+%) of the floor .* at batch 1 and (\d+%) at batch 16", text)
+    allow = re.search(
+        r"the bytes allow ([\d.]+x) and ([\d.]+x), so 1\.12x needs (\d+%) .* and 2\.0x needs (\d+%)", text
+    )
+    fp16s = re.search(r"as close as fp16 itself comes \((\d+%) and (\d+%) in the same run\)", text)
+    assert reach and allow and fp16s, "the raw turbo4 line of the H200 section changed shape"
+    for i, (batch, target) in enumerate(((1, 1.12), (16, 2.0))):
+        assert same(100 * raw.roofline_frac[batch], reach.group(1 + i)), (batch, reach.group(1 + i))
+        assert same(fp16.floor_ms[batch] / raw.floor_ms[batch], allow.group(1 + i)), (batch, allow.group(1 + i))
+        needed_step = fp16.step_ms[batch] / target
+        assert same(100 * raw.floor_ms[batch] / needed_step, allow.group(3 + i)), (batch, allow.group(3 + i))
+        assert same(100 * fp16.roofline_frac[batch], fp16s.group(1 + i)), (batch, fp16s.group(1 + i))
