@@ -1,7 +1,8 @@
-"""The benchmark numbers in the README's "Results on an H200" are the committed run's: the headline table, fp16's
-speed and floor fractions, throughput at capacity, peak memory and raw turbo4's floor arithmetic are read again
-from the bench.csv of the results folder the section links, and must round to what the README prints. Editing
-either side alone fails here. (The section's audit summary and its across-runs spread are not checked here.)"""
+"""The numbers in the README's "Results on an H200" are the committed runs': the headline table, fp16's speed and
+floor fractions, throughput at capacity, peak memory and raw turbo4's floor arithmetic are read again from the
+bench.csv of the results folder the section links, and the audit's summary from the audit.csv of the folder its
+paragraph links; each must round to what the README prints, so editing either side alone fails here. Not checked:
+the across-runs spread ("Repeatable") and the two-GPU and peers paragraphs, whose folders hold other layouts."""
 
 import re
 from pathlib import Path
@@ -153,3 +154,68 @@ def test_raw_turbo4s_floor_arithmetic_is_the_cited_runs():
         needed_step = fp16.step_ms[batch] / target
         assert same(100 * raw.floor_ms[batch] / needed_step, allow.group(3 + i)), (batch, allow.group(3 + i))
         assert same(100 * fp16.roofline_frac[batch], fp16s.group(1 + i)), (batch, fp16s.group(1 + i))
+
+
+def cited_audit() -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """The audit the section summarises (its own report link), raw turbo4's beside it, and the summary's text."""
+    section = h200_section()
+    start = section.index("**The audit on the GPU**")
+    text = " ".join(section[start : section.index("**Two GPUs**")].split())
+    folder = re.search(r"\[report\]\((results/[^)/]+)/report\.md\)", text)
+    assert folder, "the audit paragraph links no results/<folder>/report.md"
+    root = ROOT / folder.group(1)
+    return pd.read_csv(root / "audit" / "audit.csv"), pd.read_csv(root / "audit-raw-turbo4" / "audit.csv"), text
+
+
+def test_the_audit_summary_is_the_cited_runs():
+    audit, raw, text = cited_audit()
+    greedy = audit[audit.check == "greedy"].set_index(["kv_cache_mode", "context_tokens"])
+    verdict = greedy.verdict.to_dict()
+    kl = greedy.kl_div.to_dict()
+
+    # int8: identical at 8K, near-ties at 2K and 32K with the KL quoted; perplexity within the quoted range
+    found = re.search(r"int8 is identical to fp16 at 8K and a near-tie at 2K and 32K \(KL ([\d.]+) / ([\d.]+)\)", text)
+    assert found and verdict["int8", 8192] == "identical"
+    assert verdict["int8", 2048] == verdict["int8", 32768] == "near-tie"
+    assert same(kl["int8", 2048], found.group(1)) and same(kl["int8", 32768], found.group(2))
+    ppl = re.search(r"perplexity \+([\d.]+%) to \+([\d.]+%)", text)
+    deltas = 100 * audit[(audit.check == "ppl") & (audit.kv_cache_mode == "int8")].ppl_delta
+    assert ppl and same(deltas.min(), ppl.group(1)) and same(deltas.max(), ppl.group(2))
+
+    # turbo4-asym and delegated: near-ties everywhere, KL within the quoted range
+    span = re.search(r"turbo4-asym and delegated agree .* near-ties at every context \(KL ([\d.]+)-([\d.]+)\)", text)
+    both = [(m, c) for m in ("turbo4-asym", "turbo4-delegated") for c in (2048, 8192, 32768)]
+    assert span and all(verdict[k] == "near-tie" for k in both)
+    assert same(min(kl[k] for k in both), span.group(1)) and same(max(kl[k] for k in both), span.group(2))
+
+    # turbo3-asym loops at 32K; raw turbo4 is a near-tie everywhere with the KL quoted
+    t3 = re.search(r"at 32K its greedy text loops and is flagged \*degenerate\* \(KL ([\d.]+)\)", text)
+    assert t3 and verdict["turbo3-asym", 32768] == "degenerate" and same(kl["turbo3-asym", 32768], t3.group(1))
+    assert verdict["turbo3-asym", 2048] == verdict["turbo3-asym", 8192] == "near-tie"
+    r4 = re.search(r"Raw turbo4 is a near-tie at every context \(KL ([\d.]+) / ([\d.]+) / ([\d.]+)\)", text)
+    raw4 = raw[(raw.check == "greedy") & (raw.kv_cache_mode == "turbo4")].set_index("context_tokens")
+    assert r4 and (raw4.verdict == "near-tie").all()
+    for i, ctx in enumerate((2048, 8192, 32768)):
+        assert same(raw4.kl_div[ctx], r4.group(1 + i)), (ctx, r4.group(1 + i))
+
+    # the kernel checks, prefix reuse and the needle
+    kernel = audit[audit.check == "kernel"]
+    count = re.search(r"agree with the reference path in all (\d+) checks", text)
+    assert count and int(count.group(1)) == len(kernel) and kernel.kernel_agrees.all()
+    assert (audit[audit.check == "prefix_reuse"].verdict == "identical").all() and "Prefix reuse is identical" in text
+    hits = re.search(r"found (\d)/5 at 2K, (\d)/5 at 8K, (\d)/5 at 32K in every mode", text)
+    niah = audit[audit.check == "niah"].groupby(["context_tokens", "kv_cache_mode"]).niah_hit.sum()
+    assert hits
+    for i, ctx in enumerate((2048, 8192, 32768)):
+        assert set(niah[ctx]) == {int(hits.group(1 + i))}, (ctx, niah[ctx].to_dict())
+
+    # the 256-token cap: with 4 sinks only delegated (diverges) and turbo3-asym (degenerate) at 32K miss;
+    # with none every mode degenerates but delegated at 32K
+    cap = audit[audit.check == "max_kv"].set_index(["keep", "kv_cache_mode", "context_tokens"])
+    misses = cap[(cap.index.get_level_values(0) == 4) & ~cap.verdict.isin(["identical", "near-tie"])]
+    assert set(misses.index) == {(4, "turbo4-delegated", 32768), (4, "turbo3-asym", 32768)}
+    diverge = re.search(r"delegated diverges at token (\d+)", text)
+    assert diverge and cap.first_divergence[4, "turbo4-delegated", 32768] == int(diverge.group(1))
+    assert cap.verdict[4, "turbo3-asym", 32768] == "degenerate" and "turbo3-asym echoes the question" in text
+    clean = cap[(cap.index.get_level_values(0) == 0) & (cap.verdict != "degenerate")]
+    assert set(clean.index) == {(0, "turbo4-delegated", 32768)} and "but delegated at 32K" in text
