@@ -2,7 +2,8 @@
 floor fractions, throughput at capacity, peak memory and raw turbo4's floor arithmetic are read again from the
 bench.csv of the results folder the section links, and the audit's summary from the audit.csv of the folder its
 paragraph links; each must round to what the README prints, so editing either side alone fails here. Not checked:
-the across-runs spread ("Repeatable") and the two-GPU and peers paragraphs, whose folders hold other layouts."""
+the across-runs spread ("Repeatable") and the two-GPU and peers paragraphs, whose folders hold other layouts.
+The first table of "Results on a 2-core CPU" is checked against its audit.csv the same way."""
 
 import re
 from pathlib import Path
@@ -219,3 +220,50 @@ def test_the_audit_summary_is_the_cited_runs():
     assert cap.verdict[4, "turbo3-asym", 32768] == "degenerate" and "turbo3-asym echoes the question" in text
     clean = cap[(cap.index.get_level_values(0) == 0) & (cap.verdict != "degenerate")]
     assert set(clean.index) == {(0, "turbo4-delegated", 32768)} and "but delegated at 32K" in text
+
+
+def test_the_cpu_table_is_the_cited_audit():
+    """The first table of "Results on a 2-core CPU": each cell re-read from the audit.csv its report link names."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Results on a 2-core CPU")
+    section = text[start : text.index("\n## ", start + 1)]
+    folder = re.search(r"\[report\]\((results/[^)/]+)/report\.md\)", section)
+    assert folder
+    audit = pd.read_csv(ROOT / folder.group(1) / "audit.csv")
+    greedy = audit[audit.check == "greedy"].set_index(["kv_cache_mode", "context_tokens"])
+    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("| mode |"))
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[header + 2 :]]
+    rows = rows[: next((i for i, r in enumerate(rows) if len(r) != 4), len(rows))]
+    assert [r[0].split()[0] for r in rows] == [
+        "fp16",
+        "int8",
+        "turbo4-asym",
+        "turbo3-asym",
+        "turbo4",
+        "turbo4-delegated",
+    ]
+    for mode, *cells, per_token in ((r[0].split()[0], *r[1:]) for r in rows):
+        stored = sorted({round(v) for v in greedy.kv_bytes_per_token[mode]})
+        assert per_token.replace(",", "") == "-".join(str(v) for v in stored), (mode, per_token)
+        for ctx, cell in zip((2048, 8192), cells):
+            row = greedy.loc[(mode, ctx)]
+            if cell == "reference":
+                assert mode == "fp16" and row.verdict == "identical"
+                continue
+            if cell == "as turbo4-asym":
+                assert (
+                    row[["verdict", "first_divergence", "kl_div"]]
+                    == greedy.loc[("turbo4-asym", ctx)][["verdict", "first_divergence", "kl_div"]]
+                ).all()
+                continue
+            found = re.fullmatch(r"(identical|near-tie @(\d+)) / ([\d.]+%) / ([\d.]+)", cell)
+            assert found, (mode, ctx, cell)
+            assert row.verdict == found.group(1).split()[0], (mode, ctx, cell)
+            if found.group(2):
+                assert row.first_divergence == int(found.group(2)), (mode, ctx, cell)
+            assert same(100 * row.top1_agreement, found.group(3)) and same(row.kl_div, found.group(4)), (
+                mode,
+                ctx,
+                cell,
+            )
