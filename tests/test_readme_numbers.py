@@ -13,25 +13,36 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTEXTS = {"2K": 2048, "8K": 8192, "32K": 32768}
+MODES = ["fp16", "int8", "turbo4-asym", "turbo3-asym", "turbo4", "turbo4-delegated"]
 
 
-def h200_section() -> str:
+def readme_section(title: str) -> str:
     text = (ROOT / "README.md").read_text()
-    start = text.index("## Results on an H200")
+    start = text.index(f"## {title}")
     end = text.find("\n## ", start + 1)
     return text[start : end if end > 0 else len(text)]
 
 
+def h200_section() -> str:
+    return readme_section("Results on an H200")
+
+
+def linked_folder(text: str) -> Path:
+    """The results folder of the first `[report](results/<folder>/report.md)` link in `text`."""
+    found = re.search(r"\[report\]\((results/[^)/]+)/report\.md\)", text)
+    assert found, f"no results/<folder>/report.md link in {text[:60]!r}..."
+    return ROOT / found.group(1)
+
+
 def cited_run() -> pd.DataFrame:
-    folder = re.search(r"\[report\]\((results/[^)/]+)/report\.md\)", h200_section())
-    assert folder, "the H200 section links no results/<folder>/report.md"
-    csv = ROOT / folder.group(1) / "bench" / "bench.csv"
+    csv = linked_folder(h200_section()) / "bench" / "bench.csv"
     assert csv.is_file(), f"{csv} is missing"
     return pd.read_csv(csv)
 
 
-def headline_table() -> tuple[list[str], list[list[str]]]:
-    lines = [ln for ln in h200_section().splitlines() if ln.startswith("|")]
+def first_table(section: str) -> tuple[list[str], list[list[str]]]:
+    """The header and body rows of the first `| mode | ...` table in `section`."""
+    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
     header = next(i for i, ln in enumerate(lines) if ln.startswith("| mode |"))
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[header:]]
     body = []
@@ -50,15 +61,8 @@ def same(value: float, shown: str) -> bool:
 
 def test_the_table_is_the_cited_run():
     run = cited_run()
-    header, body = headline_table()
-    assert [row[0].split()[0] for row in body] == [
-        "fp16",
-        "int8",
-        "turbo4-asym",
-        "turbo3-asym",
-        "turbo4",
-        "turbo4-delegated",
-    ]
+    header, body = first_table(h200_section())
+    assert [row[0].split()[0] for row in body] == MODES
     checked = 0
     for row in body:
         mode = row[0].split()[0]
@@ -162,9 +166,7 @@ def cited_audit() -> tuple[pd.DataFrame, pd.DataFrame, str]:
     section = h200_section()
     start = section.index("**The audit on the GPU**")
     text = " ".join(section[start : section.index("**Two GPUs**")].split())
-    folder = re.search(r"\[report\]\((results/[^)/]+)/report\.md\)", text)
-    assert folder, "the audit paragraph links no results/<folder>/report.md"
-    root = ROOT / folder.group(1)
+    root = linked_folder(text)
     return pd.read_csv(root / "audit" / "audit.csv"), pd.read_csv(root / "audit-raw-turbo4" / "audit.csv"), text
 
 
@@ -224,25 +226,11 @@ def test_the_audit_summary_is_the_cited_runs():
 
 def test_the_cpu_table_is_the_cited_audit():
     """The first table of "Results on a 2-core CPU": each cell re-read from the audit.csv its report link names."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index("## Results on a 2-core CPU")
-    section = text[start : text.index("\n## ", start + 1)]
-    folder = re.search(r"\[report\]\((results/[^)/]+)/report\.md\)", section)
-    assert folder
-    audit = pd.read_csv(ROOT / folder.group(1) / "audit.csv")
+    section = readme_section("Results on a 2-core CPU")
+    audit = pd.read_csv(linked_folder(section) / "audit.csv")
     greedy = audit[audit.check == "greedy"].set_index(["kv_cache_mode", "context_tokens"])
-    lines = [ln for ln in section.splitlines() if ln.startswith("|")]
-    header = next(i for i, ln in enumerate(lines) if ln.startswith("| mode |"))
-    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[header + 2 :]]
-    rows = rows[: next((i for i, r in enumerate(rows) if len(r) != 4), len(rows))]
-    assert [r[0].split()[0] for r in rows] == [
-        "fp16",
-        "int8",
-        "turbo4-asym",
-        "turbo3-asym",
-        "turbo4",
-        "turbo4-delegated",
-    ]
+    _, rows = first_table(section)
+    assert [r[0].split()[0] for r in rows] == MODES
     for mode, *cells, per_token in ((r[0].split()[0], *r[1:]) for r in rows):
         stored = sorted({round(v) for v in greedy.kv_bytes_per_token[mode]})
         assert per_token.replace(",", "") == "-".join(str(v) for v in stored), (mode, per_token)
