@@ -108,8 +108,8 @@ def bullet(start: str) -> str:
     """The README bullet that begins with `start`, joined onto one line."""
     section = h200_section()
     i = section.index(start)
-    end = section.find("\n- ", i)
-    return " ".join(section[i:end].split())
+    ends = [e for e in (section.find("\n- ", i), section.find("\n\n", i)) if e > 0]
+    return " ".join(section[i : min(ends, default=len(section))].split())
 
 
 def test_throughput_at_capacity_is_the_cited_runs():
