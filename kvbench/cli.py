@@ -474,9 +474,9 @@ def _run_sharded(job: str, cfg, devices: list[str], console, t0: float) -> None:
     todo = [g for g, k in keys.items() if not set(k) <= sweep.done]
     if not todo:
         console.print(f"every cell is already in {writer.csv_path}: no worker started")
-    elif len(todo) < len(keys):
-        console.print(f"{len(keys) - len(todo)} of {len(keys)} groups are finished; {len(todo)} left")
-    if todo:
+    else:
+        if len(todo) < len(keys):
+            console.print(f"{len(keys) - len(todo)} of {len(keys)} groups are finished; {len(todo)} left")
         console.print(f"sharding {len(todo)} groups of cells over {len(devices)} workers: {', '.join(devices)}")
     cfg.resume = False  # workers get the finished cells from here
     try:

@@ -33,7 +33,7 @@ def default_contexts(device_type: str) -> list[int]:
 def at_prompt_length(job: str, cfg) -> bool:
     """An audit of a --prompt-file without --contexts: one context, the file's own length, which only the model's
     tokenizer knows (so nothing can key, shard or plan its cells by length before the model loads)."""
-    return job == "audit" and bool(getattr(cfg, "prompt_file", None)) and cfg.contexts is None
+    return job == "audit" and bool(cfg.prompt_file) and cfg.contexts is None
 
 
 def run_modes(cfg) -> tuple[list[str], list[str]]:
