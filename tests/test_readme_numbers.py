@@ -1,9 +1,10 @@
 """The numbers in the README's "Results on an H200" are the committed runs': the headline table, fp16's speed and
 floor fractions, throughput at capacity, peak memory and raw turbo4's floor arithmetic are read again from the
 bench.csv of the results folder the section links, and the audit's summary from the audit.csv of the folder its
-paragraph links; each must round to what the README prints, so editing either side alone fails here. Not checked:
-the across-runs spread ("Repeatable") and the two-GPU and peers paragraphs, whose folders hold other layouts.
-The first table of "Results on a 2-core CPU" is checked against its audit.csv the same way."""
+paragraph links; each must round to what the README prints, so editing either side alone fails here. The two-GPU
+and peers paragraphs are read from their own folders (the peers' speed spans also from docs/h200-results.md), and
+the first table and the peers paragraph of "Results on a 2-core CPU" from theirs. Not checked: the across-runs
+spread ("Repeatable"), which no one folder holds."""
 
 import re
 from pathlib import Path
@@ -255,3 +256,112 @@ def test_the_cpu_table_is_the_cited_audit():
                 ctx,
                 cell,
             )
+
+
+def paragraph(text: str, start: str, end: str) -> str:
+    """The part of `text` from `start` up to `end` (or its end), joined onto one line."""
+    i = text.index(start)
+    j = text.find(end, i)
+    return " ".join(text[i : j if j > 0 else len(text)].split())
+
+
+def test_the_two_gpu_paragraph_is_the_cited_runs():
+    """One H200 against two: both runs' wall times (their runs.csv), the same capacity results, and how far the
+    decode speeds of the same cells lie apart, in batch 16 at 2K and everywhere else."""
+    text = paragraph(h200_section(), "**Two GPUs**", "**Transformers' own")
+    found = re.search(
+        r"took ([\d.]+) s on one H200 and ([\d.]+) s with `--devices 0,1` \(([\d.]+)x; the same capacity results, "
+        r"and decode speeds within ([\d.]+)% in every cell but batch 16 at 2K, where two GPUs read up to ([\d.]+)% faster",
+        text,
+    )
+    assert found, "the two-GPU paragraph changed shape"
+    root = linked_folder(text)
+    one, two = (
+        pd.read_csv(root / run / "runs.csv").set_index("job").wall_s["decode-bench"]
+        for run in ("full-1gpu", "full-2gpu")
+    )
+    assert same(one, found.group(1)) and same(two, found.group(2)) and same(one / two, found.group(3))
+    keys = ["kv_cache_mode", "context_tokens", "batch"]
+    cells = pd.read_csv(root / "full-1gpu" / "bench.csv").merge(
+        pd.read_csv(root / "full-2gpu" / "bench.csv"), on=[*keys, "cell"], suffixes=("_1", "_2"), validate="1:1"
+    )
+    assert len(cells) == 48 and (cells.status_1 == cells.status_2).all()
+    timed = cells[cells.decode_tok_s_1.notna()]
+    faster = 100 * (timed.decode_tok_s_2 / timed.decode_tok_s_1 - 1)
+    wide = (timed.context_tokens == 2048) & (timed.batch == 16)
+    assert len(timed[wide]) == 6 and (faster[wide] > 0).all()
+    bound = float(found.group(4))  # "within" a bound printed to its last digit: the largest gap lies in its last step
+    assert bound - 0.1 < faster[~wide].abs().max() <= bound and same(faster[wide].max(), found.group(5))
+
+
+def peer_ratios(bench: pd.DataFrame) -> pd.Series:
+    """Each kvbench mode's decode speed over the fastest `hf:*` cache of its bit width, per context."""
+    peers = {
+        "fp16": ["hf:dynamic", "hf:static"],
+        "int8": ["hf:hqq-int8"],
+        "turbo4-asym": ["hf:quanto-int4", "hf:hqq-int4"],
+    }
+    speed = bench[bench.status == "ok"].set_index(["kv_cache_mode", "context_tokens"]).decode_tok_s
+    return pd.Series(
+        {
+            (mode, ctx): speed[mode, ctx] / max(speed[p, ctx] for p in rivals)
+            for mode, rivals in peers.items()
+            for ctx in speed[mode].index
+        }
+    )
+
+
+def kl_span(audit: pd.DataFrame, mode: str) -> tuple[float, float]:
+    kl = audit[(audit.check == "greedy") & (audit.kv_cache_mode == mode)].kl_div
+    return kl.min(), kl.max()
+
+
+def test_the_peers_paragraph_is_the_cited_runs():
+    """kvbench against transformers' caches on the H200 (the README's sentence and docs/h200-results.md's)."""
+    text = paragraph(h200_section(), "**Transformers' own", "[docs/h200-results.md]")
+    root = linked_folder(text)
+    speed = re.search(r"(\d+)-(\d+)x faster than the fastest peer of the same bit width on the default model", text)
+    assert speed, "the peers sentence changed shape"
+    ratios = peer_ratios(pd.read_csv(root / "smollm2" / "bench.csv"))
+    assert len(ratios) == 9 and same(ratios.min(), speed.group(1)) and same(ratios.max(), speed.group(2))
+    audit = pd.read_csv(root / "smollm2" / "audit.csv")
+    kls = re.findall(r"(turbo4-asym|`hf:hqq-int4`|`hf:quanto-int4`)'s (?:KL )?\(([\d.]+)-([\d.]+)\)", text)
+    assert len(kls) == 3, kls
+    for mode, low, high in kls:
+        lo, hi = kl_span(audit, mode.strip("`"))
+        assert same(lo, low) and same(hi, high), (mode, low, high, lo, hi)
+
+    docs = (ROOT / "docs" / "h200-results.md").read_text()
+    docs = paragraph(docs, "Transformers' own caches beside kvbench's modes", "\n\n")
+    big = re.search(r"(\d+)-(\d+)x faster .* on dummy Llama-3.1-8B (\d+)-(\d+)x", docs)
+    assert big and (big.group(1), big.group(2)) == speed.groups()
+    ratios = peer_ratios(pd.read_csv(root / "llama-8b" / "bench.csv"))
+    assert len(ratios) == 9 and same(ratios.min(), big.group(3)) and same(ratios.max(), big.group(4))
+    broken = re.search(r"`hf:quanto-int2` breaks down \(KL ([\d.]+)-([\d.]+)\)", docs)
+    lo, hi = kl_span(audit, "hf:quanto-int2")
+    assert broken and same(lo, broken.group(1)) and same(hi, broken.group(2)), (lo, hi)
+
+
+def test_the_cpu_peers_paragraph_is_the_cited_run():
+    section = readme_section("Results on a 2-core CPU")
+    text = paragraph(section, "Peers on the same CPU", "\n\n")
+    root = linked_folder(text)
+    speed = pd.read_csv(root / "bench.csv").set_index("kv_cache_mode").decode_tok_s
+    greedy = pd.read_csv(root / "audit.csv").query("check == 'greedy'").set_index("kv_cache_mode")
+    quoted = re.findall(r"(fp16|int8|turbo4-asym|`hf:[\w-]+`)(?: \(KL ([\d.]+)[^)]*\))? ([\d.]+)(?: tok/s)?", text)
+    assert sorted(q[0].strip("`") for q in quoted) == sorted(
+        ["fp16", "hf:static", "hf:dynamic", "int8", "hf:hqq-int8", "turbo4-asym", "hf:hqq-int4", "hf:quanto-int4"]
+    )
+    for mode, kl, tok_s in quoted:
+        mode = mode.strip("`")
+        assert same(speed[mode], tok_s), (mode, tok_s, speed[mode])
+        if kl:
+            assert same(greedy.kl_div[mode], kl), (mode, kl)
+    for mode, kl in re.findall(r"`(hf:[\w-]+)` [\d.]+ \(KL\s+([\d.]+)\)", text):
+        assert same(greedy.kl_div[mode], kl), (mode, kl)
+    for mode in ("int8", "turbo4-asym"):
+        assert greedy.verdict[mode] == "identical"
+    assert text.count("identical output") == 2
+    gone = re.search(r"`hf:quanto-int2` diverges at token (\d+)", text)
+    assert gone and greedy.verdict["hf:quanto-int2"] == "diverged"
+    assert greedy.first_divergence["hf:quanto-int2"] == int(gone.group(1))
