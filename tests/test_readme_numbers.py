@@ -3,8 +3,8 @@ floor fractions, throughput at capacity, peak memory and raw turbo4's floor arit
 bench.csv of the results folder the section links, and the audit's summary from the audit.csv of the folder its
 paragraph links; each must round to what the README prints, so editing either side alone fails here. The two-GPU
 and peers paragraphs are read from their own folders (the peers' speed spans also from docs/h200-results.md), and
-the first table and the peers paragraph of "Results on a 2-core CPU" from theirs. Not checked: the across-runs
-spread ("Repeatable"), which no one folder holds."""
+the first table and the peers paragraph of "Results on a 2-core CPU" from theirs. The across-runs spread
+("Repeatable") is read from the six benchmarks it names, found under results/ by their commits."""
 
 import re
 from pathlib import Path
@@ -365,3 +365,54 @@ def test_the_cpu_peers_paragraph_is_the_cited_run():
     gone = re.search(r"`hf:quanto-int2` diverges at token (\d+)", text)
     assert gone and greedy.verdict["hf:quanto-int2"] == "diverged"
     assert greedy.first_divergence["hf:quanto-int2"] == int(gone.group(1))
+
+
+def readings(commits: list[str]) -> pd.DataFrame:
+    """The batch-1 and batch-16 ratios of every committed H200 benchmark (`--batch 1,16`) at one of `commits`,
+    one column per commit; each commit must have exactly one such run under results/."""
+    found = {}
+    for csv in sorted((ROOT / "results").rglob("bench.csv")):
+        run = pd.read_csv(csv, dtype={"git_commit": str})
+        timed = run[~run.notes.str.contains("capacity search", na=False)]
+        if set(timed.batch) != {1, 16} or not timed.device.eq("NVIDIA H200").all():
+            continue
+        for commit in commits:
+            if timed.git_commit.str.startswith(commit).all():
+                assert commit not in found, (commit, csv)
+                found[commit] = timed.set_index(["kv_cache_mode", "context_tokens", "batch"]).decode_ratio_vs_fp16
+    assert sorted(found) == sorted(commits), sorted(found)
+    return pd.DataFrame({c: found[c] for c in commits})
+
+
+def test_the_repeatable_readings_are_the_committed_runs():
+    """The across-runs spread (README's "Repeatable" bullet, the paragraph of docs/h200-results.md it summarises):
+    the six benchmarks of these kernels, found under results/ by their commits, and how far each ratio moved."""
+    docs = paragraph(
+        (ROOT / "docs" / "h200-results.md").read_text(), "This is the sixth reading of these kernels", "\n\n"
+    )
+    commits = re.findall(r"`([0-9a-f]{7})`", docs[: docs.index(").")])
+    assert len(commits) == 6, commits
+    ratios = 100 * readings(commits)
+    spread = ratios.max(axis=1) - ratios.min(axis=1)
+    b1 = spread.xs(1, level="batch")
+    first_four = ratios[commits[:4]].xs(16, level="batch")
+    b16 = first_four.max(axis=1) - first_four.min(axis=1)
+
+    text = bullet("- **Repeatable.**")
+    claim = re.search(r"the (\w+) reading of these kernels \(`(\w+)` onward\)", text)
+    assert claim and claim.groups() == ("sixth", commits[0])
+    for where in (text, docs):
+        b1_shown = re.search(r"every ratio stayed within ([\d.]+) points across the six", where)
+        b16_shown = re.search(r"up to ([\d.]+) points", where)
+        assert b1_shown and same(b1.max(), b1_shown.group(1)), (b1.max(), where[:40])
+        assert b16_shown and same(b16.max(), b16_shown.group(1)), (b16.max(), where[:40])
+    widest = re.search(r"\(the widest: int8 at 32K, ([\d.]+)-([\d.]+)x\)", docs)
+    int8 = ratios.loc["int8", 32768, 1] / 100
+    assert widest and b1.idxmax() == ("int8", 32768)
+    assert same(int8.min(), widest.group(1)) and same(int8.max(), widest.group(2))
+    names = {"delegated": "turbo4-delegated"}
+    thin = re.findall(r"(turbo4-asym|turbo3-asym|delegated) ([\d.]+)-([\d.]+)x", docs)
+    assert len(thin) == 3, thin
+    for name, low, high in thin:
+        at8k = ratios.loc[names.get(name, name), 8192, 1] / 100
+        assert same(at8k.min(), low) and same(at8k.max(), high), (name, low, high)
