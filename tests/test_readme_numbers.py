@@ -3,8 +3,9 @@ floor fractions, throughput at capacity, peak memory and raw turbo4's floor arit
 bench.csv of the results folder the section links, and the audit's summary from the audit.csv of the folder its
 paragraph links; each must round to what the README prints, so editing either side alone fails here. The two-GPU
 and peers paragraphs are read from their own folders (the peers' speed spans also from docs/h200-results.md), and
-the first table and the peers paragraph of "Results on a 2-core CPU" from theirs. The across-runs spread
-("Repeatable") is read from the six benchmarks it names, found under results/ by their commits."""
+"Results on a 2-core CPU" (its table, the long-context checks, the later `make audit` runs and the peers) from
+theirs. The across-runs spread ("Repeatable") is read from the six benchmarks it names, found under results/ by
+their commits."""
 
 import re
 from pathlib import Path
@@ -416,3 +417,59 @@ def test_the_repeatable_readings_are_the_committed_runs():
     for name, low, high in thin:
         at8k = ratios.loc[names.get(name, name), 8192, 1] / 100
         assert same(at8k.min(), low) and same(at8k.max(), high), (name, low, high)
+
+
+def minutes(folder: Path, job: str) -> float:
+    return pd.read_csv(folder / "runs.csv").set_index("job").wall_s[job] / 60
+
+
+def test_the_cpu_checks_and_later_audits_are_the_cited_runs():
+    """The rest of "Results on a 2-core CPU": the long-context checks, and the two later `make audit` runs (their
+    audit and decode-bench minutes, the verdicts they name, int8's bytes and first differences, and the turbo
+    rows repeated to the last digit)."""
+    section = readme_section("Results on a 2-core CPU")
+    checks_text = paragraph(section, "The long-context checks", "\n\n")
+    root = linked_folder(checks_text)
+    checks = pd.read_csv(root / "audit.csv")
+    took = re.search(r"(\d+) min on the CPU", checks_text)
+    assert took and same(minutes(root, "audit"), took.group(1))
+    cap = checks[checks.check == "max_kv"]
+    assert len(cap) == 24 and (cap[cap.keep == 0].verdict == "degenerate").all()
+    assert (cap[cap.keep == 4].verdict != "degenerate").all() and "every mode stays coherent" in checks_text
+    assert set(checks[checks.check == "prefix_reuse"].verdict) == {"identical"}
+    hits = re.search(r"the needle is found (\d)/5 at 2K and (\d)/5 at 8K in every mode", checks_text)
+    niah = checks[checks.check == "niah"].groupby(["context_tokens", "kv_cache_mode"]).niah_hit.sum()
+    assert hits and set(niah[2048]) == {int(hits.group(1))} and set(niah[8192]) == {int(hits.group(2))}
+
+    runs = {}
+    for start in ("`make audit` again on 2026-12-02", "`make audit` once more"):
+        text = paragraph(section, start, "\n\n")
+        root = linked_folder(text)
+        spent = re.search(r"\(audit ([\d.]+) min, decode-bench ([\d.]+) min\)", text)
+        assert spent and same(minutes(root, "audit"), spent.group(1)), (root, spent)
+        assert same(minutes(root, "decode-bench"), spent.group(2)), (root, spent)
+        audit = pd.read_csv(root / "audit.csv")
+        runs[start] = text, audit[audit.check == "greedy"].set_index(["kv_cache_mode", "context_tokens"])
+
+    text, first = runs["`make audit` again on 2026-12-02"]
+    off = first[first.verdict != "near-tie"].drop(("fp16", 2048)).drop(("fp16", 8192))
+    assert list(off.index) == [("turbo3-asym", 8192)] and off.verdict.iloc[0] == "diverged"
+    t3 = re.search(r"its first different token \((\d+)\) .* `diverged` \(KL ([\d.]+),", text)
+    assert t3 and off.first_divergence.iloc[0] == int(t3.group(1)) and same(off.kl_div.iloc[0], t3.group(2))
+
+    text, second = runs["`make audit` once more"]
+    turbo = [m for m in MODES if m.startswith("turbo")]
+    fields = ["verdict", "first_divergence", "kl_div", "top1_agreement", "kv_bytes_per_token"]
+    assert second.loc[turbo, fields].equals(first.loc[turbo, fields]) and "to the last digit" in text
+    per_token = re.search(r"int8 stores ([\d,]+) bytes a token instead of ([\d,]+)", text)
+    assert per_token
+    for shown, run in zip(per_token.groups(), (second, first)):
+        assert set(run.kv_bytes_per_token["int8"]) == {int(shown.replace(",", ""))}, shown
+    at2k = re.search(r"near-tie at 2K \(first difference at token (\d+) instead of (\d+), KL ([\d.]+)\)", text)
+    at8k = re.search(r"and 8K \(token (\d+), KL ([\d.]+) instead of ([\d.]+)\)", text)
+    assert at2k and at8k
+    new, old = second.loc["int8"], first.loc["int8"]
+    assert (new.verdict == "near-tie").all()
+    assert [new.first_divergence[2048], old.first_divergence[2048]] == [int(at2k.group(1)), int(at2k.group(2))]
+    assert same(new.kl_div[2048], at2k.group(3)) and new.first_divergence[8192] == int(at8k.group(1))
+    assert same(new.kl_div[8192], at8k.group(2)) and same(old.kl_div[8192], at8k.group(3))
