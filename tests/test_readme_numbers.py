@@ -296,7 +296,8 @@ def test_the_two_gpu_paragraph_is_the_cited_runs():
 
 
 def peer_ratios(bench: pd.DataFrame) -> pd.Series:
-    """Each kvbench mode's decode speed over the fastest `hf:*` cache of its bit width, per context."""
+    """Each kvbench mode's decode speed over the fastest `hf:*` cache of its bit width, per context (turbo3-asym has
+    no 3-bit peer, and `hf:quanto-int2` no 2-bit kvbench mode)."""
     peers = {
         "fp16": ["hf:dynamic", "hf:static"],
         "int8": ["hf:hqq-int8"],
