@@ -474,3 +474,29 @@ def test_the_cpu_checks_and_later_audits_are_the_cited_runs():
     assert [new.first_divergence[2048], old.first_divergence[2048]] == [int(at2k.group(1)), int(at2k.group(2))]
     assert same(new.kl_div[2048], at2k.group(3)) and new.first_divergence[8192] == int(at8k.group(1))
     assert same(new.kl_div[8192], at8k.group(2)) and same(old.kl_div[8192], at8k.group(3))
+
+
+def pytest_tally(log: Path) -> dict[str, int]:
+    """The counts on a pytest log's last line (`668 passed, 50 skipped in ...`)."""
+    last = log.read_text().strip().splitlines()[-1]
+    return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", last)}
+
+
+def test_the_gpu_test_runs_are_the_cited_logs():
+    """The audit summary's last bullet: the H200's GPU test files all passed (both logs of its folder), and the
+    H100 count quoted for a later commit is that folder's log, run at that commit (its README says so)."""
+    text = bullet("- Every GPU test file passed on compiled kernels")
+    h200 = re.search(r"\(`(results/[^`]+)/` at `(\w+)`\)", text)
+    h100 = re.search(r"at `(\w+)` (\d+) passed there, .* \(`(results/[^`]+)/`", text)
+    assert h200 and h100, "the GPU tests bullet changed shape"
+    folder = ROOT / h200.group(1)
+    assert h200.group(2) in (folder / "README.md").read_text().splitlines()[0]
+    logs = sorted(folder.glob("gpu-*tests*.txt"))
+    assert len(logs) == 2
+    for log in logs:
+        tally = pytest_tally(log)
+        assert tally.get("passed", 0) > 0 and not {"failed", "error", "errors"} & set(tally), (log, tally)
+    folder = ROOT / h100.group(3)
+    assert h100.group(1) in (folder / "README.md").read_text().splitlines()[0]
+    tally = pytest_tally(folder / "gpu-kernel-tests.txt")
+    assert tally["passed"] == int(h100.group(2)) and not {"failed", "error", "errors"} & set(tally), tally
