@@ -14,8 +14,10 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+H200_DOCS = ROOT / "docs" / "h200-results.md"
 CONTEXTS = {"2K": 2048, "8K": 8192, "32K": 32768}
 MODES = ["fp16", "int8", "turbo4-asym", "turbo3-asym", "turbo4", "turbo4-delegated"]
+SHORT_NAMES = {"raw turbo4": "turbo4", "delegated": "turbo4-delegated"}  # as the README's prose names modes
 
 
 def readme_section(title: str) -> str:
@@ -121,13 +123,12 @@ def test_throughput_at_capacity_is_the_cited_runs():
     timed = timed.set_index("kv_cache_mode")
     base = re.search(r"fp16 ([\d.]+) tok/s at batch (\d+)", text)
     assert base and same(timed.decode_tok_s["fp16"], base.group(1)) and int(base.group(2)) == timed.batch["fp16"]
-    names = {"raw turbo4": "turbo4", "delegated": "turbo4-delegated"}
     quoted = re.findall(
         r"(int8|turbo3-asym|raw turbo4|turbo4-asym|delegated) ([\d.]+x)(?: that)? \((?:batch )?(\d+)\)", text
     )
     assert len(quoted) == 5, quoted
     for name, ratio, batch in quoted:
-        mode = names.get(name, name)
+        mode = SHORT_NAMES.get(name, name)
         assert same(timed.decode_tok_s[mode] / timed.decode_tok_s["fp16"], ratio), (mode, ratio)
         assert int(batch) == timed.batch[mode], (mode, batch)
 
@@ -282,9 +283,11 @@ def test_the_two_gpu_paragraph_is_the_cited_runs():
         for run in ("full-1gpu", "full-2gpu")
     )
     assert same(one, found.group(1)) and same(two, found.group(2)) and same(one / two, found.group(3))
-    keys = ["kv_cache_mode", "context_tokens", "batch"]
     cells = pd.read_csv(root / "full-1gpu" / "bench.csv").merge(
-        pd.read_csv(root / "full-2gpu" / "bench.csv"), on=[*keys, "cell"], suffixes=("_1", "_2"), validate="1:1"
+        pd.read_csv(root / "full-2gpu" / "bench.csv"),
+        on=["kv_cache_mode", "context_tokens", "batch", "cell"],
+        suffixes=("_1", "_2"),
+        validate="1:1",
     )
     assert len(cells) == 48 and (cells.status_1 == cells.status_2).all()
     timed = cells[cells.decode_tok_s_1.notna()]
@@ -333,8 +336,7 @@ def test_the_peers_paragraph_is_the_cited_runs():
         lo, hi = kl_span(audit, mode.strip("`"))
         assert same(lo, low) and same(hi, high), (mode, low, high, lo, hi)
 
-    docs = (ROOT / "docs" / "h200-results.md").read_text()
-    docs = paragraph(docs, "Transformers' own caches beside kvbench's modes", "\n\n")
+    docs = paragraph(H200_DOCS.read_text(), "Transformers' own caches beside kvbench's modes", "\n\n")
     big = re.search(r"(\d+)-(\d+)x faster .* on dummy Llama-3.1-8B (\d+)-(\d+)x", docs)
     assert big and (big.group(1), big.group(2)) == speed.groups()
     ratios = peer_ratios(pd.read_csv(root / "llama-8b" / "bench.csv"))
@@ -389,9 +391,7 @@ def readings(commits: list[str]) -> pd.DataFrame:
 def test_the_repeatable_readings_are_the_committed_runs():
     """The across-runs spread (README's "Repeatable" bullet, the paragraph of docs/h200-results.md it summarises):
     the six benchmarks of these kernels, found under results/ by their commits, and how far each ratio moved."""
-    docs = paragraph(
-        (ROOT / "docs" / "h200-results.md").read_text(), "This is the sixth reading of these kernels", "\n\n"
-    )
+    docs = paragraph(H200_DOCS.read_text(), "This is the sixth reading of these kernels", "\n\n")
     commits = re.findall(r"`([0-9a-f]{7})`", docs[: docs.index(").")])
     assert len(commits) == 6, commits
     ratios = 100 * readings(commits)
@@ -412,11 +412,10 @@ def test_the_repeatable_readings_are_the_committed_runs():
     int8 = ratios.loc["int8", 32768, 1] / 100
     assert widest and b1.idxmax() == ("int8", 32768)
     assert same(int8.min(), widest.group(1)) and same(int8.max(), widest.group(2))
-    names = {"delegated": "turbo4-delegated"}
     thin = re.findall(r"(turbo4-asym|turbo3-asym|delegated) ([\d.]+)-([\d.]+)x", docs)
     assert len(thin) == 3, thin
     for name, low, high in thin:
-        at8k = ratios.loc[names.get(name, name), 8192, 1] / 100
+        at8k = ratios.loc[SHORT_NAMES.get(name, name), 8192, 1] / 100
         assert same(at8k.min(), low) and same(at8k.max(), high), (name, low, high)
 
 
