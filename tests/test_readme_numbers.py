@@ -1,7 +1,9 @@
 """The numbers in the README's "Results on an H200" are the committed runs': the headline table, fp16's speed and
 floor fractions, throughput at capacity, peak memory and raw turbo4's floor arithmetic are read again from the
 bench.csv of the results folder the section links, and the audit's summary from the audit.csv of the folder its
-paragraph links; each must round to what the README prints, so editing either side alone fails here. The two-GPU
+paragraph links; each must round to what the README prints, so editing either side alone fails here.
+docs/h200-results.md's longer copy of the headline (the table, fp16's speed and floor fractions beside the previous
+reading's, throughput at capacity beside an earlier capacity run, peak memory) is read from the same runs. The two-GPU
 and peers paragraphs are read from their own folders (the peers' speed spans also from docs/h200-results.md), and
 "Results on a 2-core CPU" (its table, the long-context checks, the later `make audit` runs and the peers) from
 theirs. The across-runs spread ("Repeatable") is read from the six benchmarks it names, found under results/ by
@@ -63,9 +65,16 @@ def same(value: float, shown: str) -> bool:
     return f"{value:.{digits}f}" == shown.rstrip("x%")
 
 
-def test_the_table_is_the_cited_run():
+def docs_headline() -> str:
+    """docs/h200-results.md's copy of the headline: the table, fp16's speed, throughput at capacity, peak memory."""
+    text = H200_DOCS.read_text()
+    return text[text.index("Decode speed vs fp16 on") : text.index("Against the issue's targets")]
+
+
+@pytest.mark.parametrize("where", ["README", "docs"])
+def test_the_table_is_the_cited_run(where):
     run = cited_run()
-    header, body = first_table(h200_section())
+    header, body = first_table(h200_section() if where == "README" else docs_headline())
     assert [row[0].split()[0] for row in body] == MODES
     checked = 0
     for row in body:
@@ -142,6 +151,77 @@ def test_peak_memory_falls_as_the_cited_run_measured():
     for mode, peak, kv in quoted:
         assert same(b16.peak_mem_gb["fp16"] - b16.peak_mem_gb[mode], peak), (mode, peak)
         assert same((b16.kv_bytes["fp16"] - b16.kv_bytes[mode]) / 1e9, kv), (mode, kv)
+
+
+def capacity_ratios(run: pd.DataFrame) -> pd.DataFrame:
+    """Each mode's timed capacity row: its batch and its decode speed against fp16's at its own capacity."""
+    timed = run[run.notes.str.contains("capacity search", na=False) & run.decode_tok_s.notna()]
+    timed = timed.set_index("kv_cache_mode")
+    return timed.assign(ratio=timed.decode_tok_s / timed.decode_tok_s["fp16"])
+
+
+def test_the_docs_headline_is_the_cited_runs():
+    """docs/h200-results.md's longer copy of the headline: fp16's speed, floor fractions and copy bandwidth (and
+    the previous reading's, at `861e963`), throughput at capacity (and `33358e8`'s capacity run), peak memory."""
+    text = " ".join(docs_headline().split())
+    run = cited_run().astype({"git_commit": str})
+    cited = re.search(r"measured side by side in one run \(at `(\w+)`", text)
+    assert cited and run.git_commit.str.startswith(cited.group(1)).all(), cited
+    at32 = run[run.context_tokens == 32768]
+
+    fp16 = re.search(
+        r"fp16 itself decoded ([\d.]+) / ([\d.]+) / ([\d.]+) tok/s at 2K / 8K / 32K\. That is ([\d.]+%) / ([\d.]+%) / "
+        r"([\d.]+%) of the floor .*? \(([\d.]+) TB/s; .* fp16 at 32K, batch 16 reads ([\d.]+%)\)\. .* at `(\w+)` the same "
+        r"fp16 speeds \(within ([\d.]+)%\) read ([\d.]+%) / ([\d.]+%) / ([\d.]+%) against ([\d.]+) TB/s",
+        text,
+    )
+    assert fp16, "the fp16 paragraph of docs/h200-results.md changed shape"
+    now = run[(run.kv_cache_mode == "fp16") & (run.batch == 1)].set_index("context_tokens")
+    [before] = [t for _, t in h200_benchmarks() if t.git_commit.str.startswith(fp16.group(9)).all()]
+    before = before[(before.kv_cache_mode == "fp16") & (before.batch == 1)].set_index("context_tokens")
+    for i, ctx in enumerate((2048, 8192, 32768)):
+        assert same(now.decode_tok_s[ctx], fp16.group(1 + i)), (ctx, fp16.group(1 + i))
+        assert same(100 * now.roofline_frac[ctx], fp16.group(4 + i)), (ctx, fp16.group(4 + i))
+        assert same(100 * before.roofline_frac[ctx], fp16.group(11 + i)), (ctx, fp16.group(11 + i))
+        assert abs(now.decode_tok_s[ctx] / before.decode_tok_s[ctx] - 1) <= float(fp16.group(10)) / 100, ctx
+    assert same(run.bandwidth_gbs.iloc[0] / 1000, fp16.group(7)) and same(
+        before.bandwidth_gbs.iloc[0] / 1000, fp16.group(14)
+    )
+    b16 = at32[(at32.kv_cache_mode == "fp16") & (at32.batch == 16)]
+    assert same(100 * b16.roofline_frac.iloc[0], fp16.group(8))
+
+    capacity = capacity_ratios(run)
+    base = re.search(r"decodes ([\d.]+) tok/s with fp16 \(batch (\d+)\)", text)
+    assert base and same(capacity.decode_tok_s["fp16"], base.group(1)) and int(base.group(2)) == capacity.batch["fp16"]
+    quoted = re.findall(
+        r"([\d.]+x)(?: that)? with (int8|turbo3-asym|raw turbo4|turbo4-asym|delegated) \((?:batch )?(\d+)", text
+    )
+    assert len(quoted) == 5, quoted
+    for ratio, name, batch in quoted:
+        mode = SHORT_NAMES.get(name, name)
+        assert same(capacity.ratio[mode], ratio) and int(batch) == capacity.batch[mode], (mode, ratio, batch)
+    earlier = re.search(r"`(results/[\w/-]+)/` \(at `(\w+)`\) read ((?:[\d.]+x(?: / )?)+)", text)
+    assert earlier, "the earlier capacity run's sentence changed shape"
+    old = pd.read_csv(ROOT / earlier.group(1) / "bench.csv", dtype={"git_commit": str})
+    assert old.git_commit.str.startswith(earlier.group(2)).all()
+    order = [SHORT_NAMES.get(name, name) for _, name, _ in quoted]
+    for mode, ratio in zip(order, earlier.group(3).split(" / "), strict=True):
+        assert same(capacity_ratios(old).ratio[mode], ratio), (mode, ratio)
+
+    peak = re.search(r"falls by the KV saving, within ([\d.]+)-([\d.]+)% in every mode", text)
+    timed = at32[~at32.notes.str.contains("capacity search", na=False)]
+    off = []
+    for batch in (1, 16):
+        rows = timed[timed.batch == batch].set_index("kv_cache_mode")
+        fell = rows.peak_mem_gb["fp16"] - rows.peak_mem_gb
+        saved = (rows.kv_bytes["fp16"] - rows.kv_bytes) / 1e9
+        off += list((100 * (fell / saved - 1)).drop("fp16").abs())
+        shown = re.search(rf"batch {batch}: (.*?)(?:;|\.(?: |$))", text).group(1)
+        quoted = re.findall(r"(int8|turbo3-asym|turbo4) -([\d.]+) GB for ([\d.]+) GB", shown)
+        assert len(quoted) == {1: 1, 16: 3}[batch], (batch, shown)
+        for mode, gb, kv in quoted:
+            assert same(fell[mode], gb) and same(saved[mode], kv), (batch, mode, gb, kv)
+    assert peak and same(min(off), peak.group(1)) and same(max(off), peak.group(2)), (min(off), max(off))
 
 
 def test_raw_turbo4s_floor_arithmetic_is_the_cited_runs():
@@ -371,15 +451,21 @@ def test_the_cpu_peers_paragraph_is_the_cited_run():
     assert greedy.first_divergence["hf:quanto-int2"] == int(gone.group(1))
 
 
+def h200_benchmarks():
+    """Every committed H200 benchmark of batch 1 and 16 (`--batch 1,16`): its bench.csv and its timed rows (the
+    capacity search's left out)."""
+    for csv in sorted((ROOT / "results").rglob("bench.csv")):
+        run = pd.read_csv(csv, dtype={"git_commit": str})
+        timed = run[~run.notes.str.contains("capacity search", na=False)]
+        if set(timed.batch) == {1, 16} and timed.device.eq("NVIDIA H200").all():
+            yield csv, timed
+
+
 def readings(commits: list[str]) -> pd.DataFrame:
     """The batch-1 and batch-16 ratios of every committed H200 benchmark (`--batch 1,16`) at one of `commits`,
     one column per commit; each commit must have exactly one such run under results/."""
     found = {}
-    for csv in sorted((ROOT / "results").rglob("bench.csv")):
-        run = pd.read_csv(csv, dtype={"git_commit": str})
-        timed = run[~run.notes.str.contains("capacity search", na=False)]
-        if set(timed.batch) != {1, 16} or not timed.device.eq("NVIDIA H200").all():
-            continue
+    for csv, timed in h200_benchmarks():
         for commit in commits:
             if timed.git_commit.str.startswith(commit).all():
                 assert commit not in found, (commit, csv)
