@@ -461,15 +461,15 @@ def h200_benchmarks():
             yield csv, timed
 
 
-def readings(commits: list[str]) -> pd.DataFrame:
-    """The batch-1 and batch-16 ratios of every committed H200 benchmark (`--batch 1,16`) at one of `commits`,
-    one column per commit; each commit must have exactly one such run under results/."""
+def readings(commits: list[str], column: str = "decode_ratio_vs_fp16") -> pd.DataFrame:
+    """The batch-1 and batch-16 ratios (or another `column`) of every committed H200 benchmark (`--batch 1,16`) at
+    one of `commits`, one column per commit; each commit must have exactly one such run under results/."""
     found = {}
     for csv, timed in h200_benchmarks():
         for commit in commits:
             if timed.git_commit.str.startswith(commit).all():
                 assert commit not in found, (commit, csv)
-                found[commit] = timed.set_index(["kv_cache_mode", "context_tokens", "batch"]).decode_ratio_vs_fp16
+                found[commit] = timed.set_index(["kv_cache_mode", "context_tokens", "batch"])[column]
     assert sorted(found) == sorted(commits), sorted(found)
     return pd.DataFrame({c: found[c] for c in commits})
 
@@ -498,6 +498,16 @@ def test_the_repeatable_readings_are_the_committed_runs():
     int8 = ratios.loc["int8", 32768, 1] / 100
     assert widest and b1.idxmax() == ("int8", 32768)
     assert same(int8.min(), widest.group(1)) and same(int8.max(), widest.group(2))
+    last = re.search(
+        r"decoded all (\d+) of those rows within ([\d.]+)% of the fifth's tok/s \(every ratio within ([\d.]+) of it\)",
+        docs,
+    )
+    speed = readings(commits[-2:], "decode_tok_s")
+    moved = 100 * (speed[commits[-1]] / speed[commits[-2]] - 1).abs()
+    assert last and int(last.group(1)) == len(moved), (last, len(moved))
+    assert same(moved.max(), last.group(2)) and same(
+        (ratios[commits[-1]] - ratios[commits[-2]]).abs().max() / 100, last.group(3)
+    )
     thin = re.findall(r"(turbo4-asym|turbo3-asym|delegated) ([\d.]+)-([\d.]+)x", docs)
     assert len(thin) == 3, thin
     for name, low, high in thin:
