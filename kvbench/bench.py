@@ -115,8 +115,8 @@ class BenchJob:
                 if mode == "fp16" and row["status"] == "ok":
                     base = row
                 if base and row["status"] == "ok":
-                    row["decode_ratio_vs_fp16"] = round(row["decode_tok_s"] / base["decode_tok_s"], 4)
-                    row["peak_delta_gb"] = round(row["peak_mem_gb"] - base["peak_mem_gb"], 4)
+                    row["decode_ratio_vs_fp16"] = round(row["decode_tok_s"] / base["decode_tok_s"], 6)
+                    row["peak_delta_gb"] = round(row["peak_mem_gb"] - base["peak_mem_gb"], 6)
                     if base is not row and self.sweep.is_done(keys["fp16"]):
                         row["notes"] += "; ratio vs fp16 re-measured in this (resumed) run"
                 if not done:
@@ -129,8 +129,8 @@ class BenchJob:
                 row = self._peer_cell(peer, ctx, batch, rope_note)
                 row["cell"] = cell
                 if base and row["status"] == "ok":
-                    row["decode_ratio_vs_fp16"] = round(row["decode_tok_s"] / base["decode_tok_s"], 4)
-                    row["peak_delta_gb"] = round(row["peak_mem_gb"] - base["peak_mem_gb"], 4)
+                    row["decode_ratio_vs_fp16"] = round(row["decode_tok_s"] / base["decode_tok_s"], 6)
+                    row["peak_delta_gb"] = round(row["peak_mem_gb"] - base["peak_mem_gb"], 6)
                 self.sweep.emit(row)
         return self.rows
 
@@ -164,8 +164,8 @@ class BenchJob:
             row.update(out, status="ok")
             if row.get("kv_bytes"):
                 floor_s = (row["weight_bytes"] + row["kv_bytes"]) / self.bandwidth
-                row["floor_ms"] = round(floor_s * 1e3, 4)
-                row["roofline_frac"] = round(floor_s / (row["step_ms"] / 1e3), 4)
+                row["floor_ms"] = round(floor_s * 1e3, 6)
+                row["roofline_frac"] = round(floor_s / (row["step_ms"] / 1e3), 6)
         except KeyboardInterrupt:
             raise
         except Exception as exc:
@@ -210,7 +210,7 @@ class BenchJob:
             if held > self._budget:  # the budget is what is free beside the (loaded) weights
                 return None
             need = held + s.lm.weight_bytes()
-            return {"kv_bytes": kv, "peak_mem_gb": round(need / GB, 4), "peak_mem_kind": "cpu_estimate"}
+            return {"kv_bytes": kv, "peak_mem_gb": round(need / GB, 6), "peak_mem_kind": "cpu_estimate"}
         caches = step = tok = None
         try:
             reset_peak(s.device)
@@ -227,7 +227,7 @@ class BenchJob:
                 return None  # it ran, but past the memory the user allowed beside the weights
             return {
                 "kv_bytes": sum(c.nbytes() for c in caches),
-                "peak_mem_gb": round(peak / GB, 4),
+                "peak_mem_gb": round(peak / GB, 6),
                 "peak_mem_kind": kind,
             }
         except Exception as exc:
@@ -482,10 +482,10 @@ class BenchJob:
             decode_tok_s_min=round(min(speeds), 3),
             decode_tok_s_max=round(max(speeds), 3),
             decode_ms=round(cfg.gen * step_s * 1e3, 3),
-            step_ms=round(step_s * 1e3, 4),
-            floor_ms=round(floor_s * 1e3, 4),
-            roofline_frac=round(floor_s / step_s, 4),
-            peak_mem_gb=round(peak / GB, 4),
+            step_ms=round(step_s * 1e3, 6),
+            floor_ms=round(floor_s * 1e3, 6),
+            roofline_frac=round(floor_s / step_s, 6),
+            peak_mem_gb=round(peak / GB, 6),
             peak_mem_kind=kind,
         )
         return out

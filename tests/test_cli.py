@@ -70,6 +70,16 @@ def test_audit_bench_report_end_to_end(tmp_path):
     int8 = [r for r in bench if r["kv_cache_mode"] == "int8"]
     fp16 = [r for r in bench if r["kv_cache_mode"] == "fp16"]
     assert float(int8[0]["kv_bytes_per_token"]) < 0.6 * float(fp16[0]["kv_bytes_per_token"])
+    # the derived columns keep six decimals, so a report or a reader rounds them once (a 4-digit ratio such as
+    # 0.9850, rounded again to 0.98x, misprinted a measured 0.98501)
+    for r, base in zip(int8, fp16, strict=True):
+        assert (r["context_tokens"], r["batch"]) == (base["context_tokens"], base["batch"])
+        ratio = float(r["decode_tok_s"]) / float(base["decode_tok_s"])
+        assert abs(float(r["decode_ratio_vs_fp16"]) - ratio) <= 5e-7, (r["decode_ratio_vs_fp16"], ratio)
+    for r in bench:
+        if r["roofline_frac"]:
+            frac = float(r["floor_ms"]) / float(r["step_ms"])
+            assert abs(float(r["roofline_frac"]) - frac) <= 2e-6 * max(1.0, frac), (r["roofline_frac"], frac)
     assert (out / "runs.csv").exists() and (out / "audit.jsonl").exists()
     result = run(["report", str(out)])
     assert (out / "report.md").exists()

@@ -830,3 +830,14 @@ def test_cpu_capacity_prices_per_token_a_cache_that_cannot_be_built_without_stor
               and r["kv_cache_mode"] == "int8")  # fmt: skip
     per_seq = float(ok["kv_bytes_per_token"]) * 256
     assert int(ok["batch"]) == int(0.01e9 // per_seq), (ok["batch"], per_seq)
+
+
+def test_the_csv_keeps_the_digits_a_row_was_rounded_to(tmp_path):
+    """A CSV cell holds what its JSONL twin holds (3302.453 tok/s, not 3302.45), without float noise (0.1 + 0.2)."""
+    from kvbench.results import ResultsWriter
+
+    w = ResultsWriter(tmp_path, "t", ["speed", "kl", "noise", "gone", "flag"])
+    w.write({"speed": 3302.453, "kl": 0.000674959, "noise": 0.1 + 0.2, "gone": float("nan"), "flag": True})
+    with open(w.csv_path, newline="") as f:
+        [row] = list(csv.DictReader(f))
+    assert row == {"speed": "3302.453", "kl": "0.000674959", "noise": "0.3", "gone": "", "flag": "true"}
