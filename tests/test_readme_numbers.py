@@ -40,10 +40,25 @@ def linked_folder(text: str) -> Path:
     return ROOT / found.group(1)
 
 
+def bench_csv(path: Path) -> pd.DataFrame:
+    """A bench.csv with its ratio and floor fraction recomputed from the measured columns (tok/s against the
+    same run's fp16 at the same context and batch; floor over step time): CSVs written before 29bf116 hold them
+    to 4 digits, and rounding those again to a printed 3 can differ from the measurement in the last digit."""
+    run = pd.read_csv(path, dtype={"git_commit": str})
+    timed = ~run.notes.str.contains("capacity search", na=False)
+    fp16 = run[timed & (run.kv_cache_mode == "fp16")].set_index(["context_tokens", "batch"]).decode_tok_s
+    at = pd.MultiIndex.from_frame(run[["context_tokens", "batch"]])
+    base = fp16.reindex(at).to_numpy()
+    ratio = run.decode_tok_s / base
+    run["decode_ratio_vs_fp16"] = ratio.where(timed & run.decode_ratio_vs_fp16.notna())
+    run["roofline_frac"] = (run.floor_ms / run.step_ms).where(run.roofline_frac.notna())
+    return run
+
+
 def cited_run() -> pd.DataFrame:
     csv = linked_folder(h200_section()) / "bench" / "bench.csv"
     assert csv.is_file(), f"{csv} is missing"
-    return pd.read_csv(csv)
+    return bench_csv(csv)
 
 
 def first_table(section: str) -> tuple[list[str], list[list[str]]]:
@@ -202,7 +217,7 @@ def test_the_docs_headline_is_the_cited_runs():
         assert same(capacity.ratio[mode], ratio) and int(batch) == capacity.batch[mode], (mode, ratio, batch)
     earlier = re.search(r"`(results/[\w/-]+)/` \(at `(\w+)`\) read ((?:[\d.]+x(?: / )?)+)", text)
     assert earlier, "the earlier capacity run's sentence changed shape"
-    old = pd.read_csv(ROOT / earlier.group(1) / "bench.csv", dtype={"git_commit": str})
+    old = bench_csv(ROOT / earlier.group(1) / "bench.csv")
     assert old.git_commit.str.startswith(earlier.group(2)).all()
     order = [SHORT_NAMES.get(name, name) for _, name, _ in quoted]
     for mode, ratio in zip(order, earlier.group(3).split(" / "), strict=True):
@@ -455,7 +470,7 @@ def h200_benchmarks():
     """Every committed H200 benchmark of batch 1 and 16 (`--batch 1,16`): its bench.csv and its timed rows (the
     capacity search's left out)."""
     for csv in sorted((ROOT / "results").rglob("bench.csv")):
-        run = pd.read_csv(csv, dtype={"git_commit": str})
+        run = bench_csv(csv)
         timed = run[~run.notes.str.contains("capacity search", na=False)]
         if set(timed.batch) == {1, 16} and timed.device.eq("NVIDIA H200").all():
             yield csv, timed
