@@ -148,21 +148,29 @@ def bullet(start: str) -> str:
     return " ".join(section[i : min(ends, default=len(section))].split())
 
 
-def test_throughput_at_capacity_is_the_cited_runs():
-    text = bullet("- **Throughput at capacity**")
-    run = cited_run()
+def capacity_ratios(run: pd.DataFrame) -> pd.DataFrame:
+    """Each mode's timed capacity row: its batch and its decode speed against fp16's at its own capacity."""
     timed = run[run.notes.str.contains("capacity search", na=False) & run.decode_tok_s.notna()]
     timed = timed.set_index("kv_cache_mode")
-    base = re.search(r"fp16 ([\d.]+) tok/s at batch (\d+)", text)
-    assert base and same(timed.decode_tok_s["fp16"], base.group(1)) and int(base.group(2)) == timed.batch["fp16"]
-    quoted = re.findall(
-        r"(int8|turbo3-asym|raw turbo4|turbo4-asym|delegated) ([\d.]+x)(?: that)? \((?:batch )?(\d+)\)", text
-    )
+    return timed.assign(ratio=timed.decode_tok_s / timed.decode_tok_s["fp16"])
+
+
+def capacity_is(capacity: pd.DataFrame, base: re.Match | None, quoted: list[tuple[str, str, str]]) -> None:
+    """fp16's tok/s and batch at capacity (`base`), and each (mode as the prose names it, ratio, batch) quoted."""
+    assert base and same(capacity.decode_tok_s["fp16"], base.group(1)) and int(base.group(2)) == capacity.batch["fp16"]
     assert len(quoted) == 5, quoted
     for name, ratio, batch in quoted:
         mode = SHORT_NAMES.get(name, name)
-        assert same(timed.decode_tok_s[mode] / timed.decode_tok_s["fp16"], ratio), (mode, ratio)
-        assert int(batch) == timed.batch[mode], (mode, batch)
+        assert same(capacity.ratio[mode], ratio) and int(batch) == capacity.batch[mode], (mode, ratio, batch)
+
+
+def test_throughput_at_capacity_is_the_cited_runs():
+    text = bullet("- **Throughput at capacity**")
+    base = re.search(r"fp16 ([\d.]+) tok/s at batch (\d+)", text)
+    quoted = re.findall(
+        r"(int8|turbo3-asym|raw turbo4|turbo4-asym|delegated) ([\d.]+x)(?: that)? \((?:batch )?(\d+)\)", text
+    )
+    capacity_is(capacity_ratios(cited_run()), base, quoted)
 
 
 def test_peak_memory_falls_as_the_cited_run_measured():
@@ -174,13 +182,6 @@ def test_peak_memory_falls_as_the_cited_run_measured():
     for mode, peak, kv in quoted:
         assert same(b16.peak_mem_gb["fp16"] - b16.peak_mem_gb[mode], peak), (mode, peak)
         assert same((b16.kv_bytes["fp16"] - b16.kv_bytes[mode]) / 1e9, kv), (mode, kv)
-
-
-def capacity_ratios(run: pd.DataFrame) -> pd.DataFrame:
-    """Each mode's timed capacity row: its batch and its decode speed against fp16's at its own capacity."""
-    timed = run[run.notes.str.contains("capacity search", na=False) & run.decode_tok_s.notna()]
-    timed = timed.set_index("kv_cache_mode")
-    return timed.assign(ratio=timed.decode_tok_s / timed.decode_tok_s["fp16"])
 
 
 def test_the_docs_headline_is_the_cited_runs():
@@ -213,21 +214,17 @@ def test_the_docs_headline_is_the_cited_runs():
     b16 = at32[(at32.kv_cache_mode == "fp16") & (at32.batch == 16)]
     assert same(100 * b16.roofline_frac.iloc[0], fp16.group(8))
 
-    capacity = capacity_ratios(run)
     base = re.search(r"decodes ([\d.]+) tok/s with fp16 \(batch (\d+)\)", text)
-    assert base and same(capacity.decode_tok_s["fp16"], base.group(1)) and int(base.group(2)) == capacity.batch["fp16"]
     quoted = re.findall(
         r"([\d.]+x)(?: that)? with (int8|turbo3-asym|raw turbo4|turbo4-asym|delegated) \((?:batch )?(\d+)", text
     )
-    assert len(quoted) == 5, quoted
-    for ratio, name, batch in quoted:
-        mode = SHORT_NAMES.get(name, name)
-        assert same(capacity.ratio[mode], ratio) and int(batch) == capacity.batch[mode], (mode, ratio, batch)
+    quoted = [(name, ratio, batch) for ratio, name, batch in quoted]
+    capacity_is(capacity_ratios(run), base, quoted)
     earlier = re.search(r"`(results/[\w/-]+)/` \(at `(\w+)`\) read ((?:[\d.]+x(?: / )?)+)", text)
     assert earlier, "the earlier capacity run's sentence changed shape"
     old = bench_csv(ROOT / earlier.group(1) / "bench.csv")
     assert old.git_commit.str.startswith(earlier.group(2)).all()
-    order = [SHORT_NAMES.get(name, name) for _, name, _ in quoted]
+    order = [SHORT_NAMES.get(name, name) for name, _, _ in quoted]
     for mode, ratio in zip(order, earlier.group(3).split(" / "), strict=True):
         assert same(capacity_ratios(old).ratio[mode], ratio), (mode, ratio)
 
