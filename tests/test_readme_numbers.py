@@ -9,6 +9,7 @@ and peers paragraphs are read from their own folders (the peers' speed spans als
 theirs. The across-runs spread ("Repeatable") is read from the six benchmarks it names, found under results/ by
 their commits."""
 
+import functools
 import re
 from pathlib import Path
 
@@ -188,7 +189,7 @@ def test_the_docs_headline_is_the_cited_runs():
     """docs/h200-results.md's longer copy of the headline: fp16's speed, floor fractions and copy bandwidth (and
     the previous reading's, at `861e963`), throughput at capacity (and `33358e8`'s capacity run), peak memory."""
     text = " ".join(docs_headline().split())
-    run = cited_run().astype({"git_commit": str})
+    run = cited_run()
     cited = re.search(r"measured side by side in one run \(at `(\w+)`", text)
     assert cited and run.git_commit.str.startswith(cited.group(1)).all(), cited
     at32 = run[run.context_tokens == 32768]
@@ -225,8 +226,9 @@ def test_the_docs_headline_is_the_cited_runs():
     old = bench_csv(ROOT / earlier.group(1) / "bench.csv")
     assert old.git_commit.str.startswith(earlier.group(2)).all()
     order = [SHORT_NAMES.get(name, name) for name, _, _ in quoted]
+    old_ratios = capacity_ratios(old).ratio
     for mode, ratio in zip(order, earlier.group(3).split(" / "), strict=True):
-        assert same(capacity_ratios(old).ratio[mode], ratio), (mode, ratio)
+        assert same(old_ratios[mode], ratio), (mode, ratio)
 
     peak = re.search(r"falls by the KV saving, within ([\d.]+)-([\d.]+)% in every mode", text)
     timed = at32[~at32.notes.str.contains("capacity search", na=False)]
@@ -471,14 +473,18 @@ def test_the_cpu_peers_paragraph_is_the_cited_run():
     assert greedy.first_divergence["hf:quanto-int2"] == int(gone.group(1))
 
 
-def h200_benchmarks():
+@functools.cache
+def h200_benchmarks() -> tuple[tuple[Path, pd.DataFrame], ...]:
     """Every committed H200 benchmark of batch 1 and 16 (`--batch 1,16`): its bench.csv and its timed rows (the
-    capacity search's left out)."""
+    capacity search's left out). Read once: three tests look through them."""
+    found = []
     for csv in sorted((ROOT / "results").rglob("bench.csv")):
-        run = bench_csv(csv)
-        timed = run[~run.notes.str.contains("capacity search", na=False)]
+        plain = pd.read_csv(csv, usecols=["notes", "batch", "device"])
+        timed = plain[~plain.notes.str.contains("capacity search", na=False)]
         if set(timed.batch) == {1, 16} and timed.device.eq("NVIDIA H200").all():
-            yield csv, timed
+            run = bench_csv(csv)  # the JSONL's tok/s, only for the runs kept
+            found.append((csv, run[~run.notes.str.contains("capacity search", na=False)]))
+    return tuple(found)
 
 
 def readings(commits: list[str], column: str = "decode_ratio_vs_fp16") -> pd.DataFrame:
