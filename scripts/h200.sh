@@ -2,7 +2,7 @@
 # The H200 runs behind results/<date>-h200* (see README). The default model travels
 # to the GPU machine in two halves (../shared/gpu/stage-model.sh), so the work comes
 # in phases; each is one `run` call. Steps:
-#   bench   (needs nothing):  decode-bench on dummy:llama-3.1-8b + capacity search (~195 s)
+#   bench   (needs nothing):  decode-bench on dummy:llama-3.1-8b + capacity search (212 s at 8148bd2)
 #   audit   (needs the model): audit of the default model at 2K/8K/32K, all checks
 #   raw4    (needs the model): audit of raw turbo4 (--no-fallback)
 #   ktests  (needs .gpu/whl):  every GPU test file on compiled kernels (bf16, full sizes): ~14 min on one
@@ -171,7 +171,8 @@ step() {
       --contexts 2k,8k,32k --out $OUT/audit-raw-turbo4 --quiet ;;
   ktests)
     # pytest-xdist carried in .gpu/site (copied from the local .venv; the GPU machine has none): 8 workers
-    # compile the kernels in parallel, and the whole selection runs in ~4 minutes instead of not fitting one call
+    # compile the kernels in parallel, and the whole selection runs in 2-3 minutes (118-166 s on H100s,
+    # results/2026-12-07*-gpu) instead of not fitting one call
     local par=()
     [[ -d .gpu/site/xdist ]] && export PYTHONPATH=$PWD/.gpu/site:$PYTHONPATH && par=(-n ${TEST_WORKERS:-8})
     KVBENCH_TEST_DEVICE=cuda TRITON_INTERPRET=0 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider "${par[@]}" \
