@@ -20,7 +20,7 @@ from kvbench import prompts
 from kvbench.engine.generate import KVCap, decode_one_token, prefill
 from kvbench.engine.weights import fit_context, past_trained
 from kvbench.errors import KvbenchError
-from kvbench.results import BENCH_COLUMNS, join_notes
+from kvbench.results import BENCH_COLUMNS, DIGITS, join_notes
 from kvbench.runtime import (
     Progress,
     available_bytes,
@@ -37,6 +37,17 @@ from kvbench.session import Session
 from kvbench.sweep import FileSink, Sweep, key
 
 GB = 1e9
+
+
+def _against(row: dict, base: dict) -> None:
+    """A row's speed and peak memory against fp16's (`base`) at the same context and batch."""
+    row["decode_ratio_vs_fp16"] = round(row["decode_tok_s"] / base["decode_tok_s"], DIGITS)
+    row["peak_delta_gb"] = round(row["peak_mem_gb"] - base["peak_mem_gb"], DIGITS)
+
+
+def _floor_columns(floor_s: float, step_s: float) -> dict:
+    """The bandwidth floor of a step and the fraction of it a step of `step_s` seconds reaches."""
+    return {"floor_ms": round(floor_s * 1e3, DIGITS), "roofline_frac": round(floor_s / step_s, DIGITS)}
 
 
 class BenchJob:
@@ -115,8 +126,7 @@ class BenchJob:
                 if mode == "fp16" and row["status"] == "ok":
                     base = row
                 if base and row["status"] == "ok":
-                    row["decode_ratio_vs_fp16"] = round(row["decode_tok_s"] / base["decode_tok_s"], 6)
-                    row["peak_delta_gb"] = round(row["peak_mem_gb"] - base["peak_mem_gb"], 6)
+                    _against(row, base)
                     if base is not row and self.sweep.is_done(keys["fp16"]):
                         row["notes"] += "; ratio vs fp16 re-measured in this (resumed) run"
                 if not done:
@@ -129,8 +139,7 @@ class BenchJob:
                 row = self._peer_cell(peer, ctx, batch, rope_note)
                 row["cell"] = cell
                 if base and row["status"] == "ok":
-                    row["decode_ratio_vs_fp16"] = round(row["decode_tok_s"] / base["decode_tok_s"], 6)
-                    row["peak_delta_gb"] = round(row["peak_mem_gb"] - base["peak_mem_gb"], 6)
+                    _against(row, base)
                 self.sweep.emit(row)
         return self.rows
 
@@ -164,8 +173,7 @@ class BenchJob:
             row.update(out, status="ok")
             if row.get("kv_bytes"):
                 floor_s = (row["weight_bytes"] + row["kv_bytes"]) / self.bandwidth
-                row["floor_ms"] = round(floor_s * 1e3, 6)
-                row["roofline_frac"] = round(floor_s / (row["step_ms"] / 1e3), 6)
+                row.update(_floor_columns(floor_s, row["step_ms"] / 1e3))
         except KeyboardInterrupt:
             raise
         except Exception as exc:
@@ -210,7 +218,7 @@ class BenchJob:
             if held > self._budget:  # the budget is what is free beside the (loaded) weights
                 return None
             need = held + s.lm.weight_bytes()
-            return {"kv_bytes": kv, "peak_mem_gb": round(need / GB, 6), "peak_mem_kind": "cpu_estimate"}
+            return {"kv_bytes": kv, "peak_mem_gb": round(need / GB, DIGITS), "peak_mem_kind": "cpu_estimate"}
         caches = step = tok = None
         try:
             reset_peak(s.device)
@@ -227,7 +235,7 @@ class BenchJob:
                 return None  # it ran, but past the memory the user allowed beside the weights
             return {
                 "kv_bytes": sum(c.nbytes() for c in caches),
-                "peak_mem_gb": round(peak / GB, 6),
+                "peak_mem_gb": round(peak / GB, DIGITS),
                 "peak_mem_kind": kind,
             }
         except Exception as exc:
@@ -482,10 +490,9 @@ class BenchJob:
             decode_tok_s_min=round(min(speeds), 3),
             decode_tok_s_max=round(max(speeds), 3),
             decode_ms=round(cfg.gen * step_s * 1e3, 3),
-            step_ms=round(step_s * 1e3, 6),
-            floor_ms=round(floor_s * 1e3, 6),
-            roofline_frac=round(floor_s / step_s, 6),
-            peak_mem_gb=round(peak / GB, 6),
+            step_ms=round(step_s * 1e3, DIGITS),
+            **_floor_columns(floor_s, step_s),
+            peak_mem_gb=round(peak / GB, DIGITS),
             peak_mem_kind=kind,
         )
         return out

@@ -43,6 +43,7 @@ import torch
 
 from kvbench.engine.fold import unfold_output
 from kvbench.errors import KvbenchError
+from kvbench.results import DIGITS
 from kvbench.runtime import peak_bytes, reset_peak, synchronize
 
 INSTALL = "pip install 'kvbench[peers]'"
@@ -475,8 +476,8 @@ def peer_decode_bench(hf_model, peer: str, ids_batch: torch.Tensor, warmup: int,
         "decode_tok_s_min": round(min(speeds), 3),
         "decode_tok_s_max": round(max(speeds), 3),
         "decode_ms": round(gen * b / med * 1e3, 3),
-        "step_ms": round(b / med * 1e3, 6),
-        "peak_mem_gb": round(peak / 1e9, 6),
+        "step_ms": round(b / med * 1e3, DIGITS),
+        "peak_mem_gb": round(peak / 1e9, DIGITS),
         "peak_mem_kind": kind,
         "kv_bytes": kv,
         "kv_bytes_per_token": None if kv is None else round(kv / (b * t), 1),

@@ -40,6 +40,9 @@ PROVENANCE_COLUMNS = [
 # moves whole distributions. So the paths agree when their next-token distributions stay within this
 # KL; where the argmax flips sit (`quality.path_agreement`'s verdict) is reported beside it.
 KERNEL_KL_AGREE = 0.05
+# Decimals decode-bench keeps for its ratios, floor fractions, times in ms and memory in GB, so the report's
+# own rounding is the only one a printed number goes through.
+DIGITS = 6
 # ... or, against the float32 yardstick, the Triton path is at most this many times as far from it as the
 # reference path is
 KERNEL_FP32_FACTOR = 2.0
